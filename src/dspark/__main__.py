@@ -1,0 +1,3 @@
+from dspark.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,226 @@
+"""The ``dspark`` command line: a table of subcommands, each calling into the library.
+
+Every subcommand is a function ``main_<verb>(args)`` whose docstring is its ``--help``
+text. User mistakes (a bad path, a bad number, a prompt too long) end with a one-line
+``dspark: error: ...`` and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from dspark.errors import DsparkError
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0:  # also rejects NaN
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return value
+
+
+# ----------------------------------------------------------------------------- generate
+
+
+def _add_generate(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--prompt", required=True, help="the user message; applied through the target's chat template"
+    )
+    p.add_argument(
+        "--target", default=None, help="HF model folder or hub id (default: the embedded tiny target)"
+    )
+    p.add_argument(
+        "--drafter",
+        default="ngram",
+        help="'ngram' (prompt lookup), 'none' (plain decoding), or a registered drafter name",
+    )
+    p.add_argument("--temperature", type=_non_negative_float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    p.add_argument("--max-tokens", type=_positive_int, default=256, help="most tokens to generate")
+    p.add_argument("--block-size", type=_positive_int, default=7, help="most drafts verified per round (γ)")
+    p.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--raw", action="store_true", help="do not apply the chat template to the prompt")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object (text, num_tokens, tau, tokens_per_s) instead of streaming",
+    )
+
+
+def main_generate(args: argparse.Namespace) -> int:
+    """Generate an answer with speculative decoding; τ and tokens/s go to stderr."""
+    from dspark.decoding import speculative_generate
+    from dspark.drafters.registry import build_drafter
+    from dspark.presets.tiny import resolve_target
+    from dspark.protocols import SamplingParams
+    from dspark.targets import TargetAdapter
+
+    try:
+        params = SamplingParams(
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            max_tokens=args.max_tokens,
+            stop=tuple(args.stop),
+            seed=args.seed,
+        )
+    except ValueError as e:
+        raise DsparkError(str(e)) from None
+    target = TargetAdapter.from_pretrained(resolve_target(args.target))
+    drafter = build_drafter(args.drafter, target)
+    tok = target.tokenizer
+    if args.raw:
+        prompt_ids = tok(args.prompt)["input_ids"]
+    else:
+        messages = [{"role": "user", "content": args.prompt}]
+        prompt_ids = list(
+            tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)[
+                "input_ids"
+            ]
+        )
+
+    def decode(ids: list[int]) -> str:
+        return tok.decode(ids, skip_special_tokens=True)
+
+    streamed: list[int] = []
+    printed = 0
+
+    def stream(new: list[int]) -> None:
+        nonlocal printed
+        streamed.extend(new)
+        text = decode(streamed)
+        # Hold back a trailing partial UTF-8 character until the next tokens complete it.
+        safe = len(text.rstrip("\ufffd"))
+        sys.stdout.write(text[printed:safe])
+        sys.stdout.flush()
+        printed = max(printed, safe)
+
+    result = speculative_generate(
+        target,
+        drafter,
+        prompt_ids,
+        params,
+        block_size=args.block_size,
+        decode=decode,
+        on_tokens=None if args.json else stream,
+    )
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "text": result.text,
+                    "num_tokens": len(result.token_ids),
+                    "tau": result.tau,
+                    "tokens_per_s": result.tokens_per_s,
+                    "finish_reason": result.finish_reason,
+                }
+            )
+        )
+    else:
+        sys.stdout.write(result.text[printed:] + "\n")
+        print(
+            f"τ = {result.tau:.2f} tokens/round, {result.tokens_per_s:.1f} tokens/s, "
+            f"{len(result.token_ids)} tokens ({result.finish_reason})",
+            file=sys.stderr,
+        )
+    return 0
+
+
+# ----------------------------------------------------------------------------- build-tiny-target
+
+
+def _add_build_tiny(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output model folder (default: the package's embedded tiny target)",
+    )
+    p.add_argument(
+        "--prompts-out",
+        type=Path,
+        default=None,
+        help="folder for the built-in prompt sets (default: the package's)",
+    )
+    p.add_argument("--steps", type=_positive_int, default=None, help="training steps (default: the preset's)")
+    p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads")
+
+
+def main_build_tiny_target(args: argparse.Namespace) -> int:
+    """Rebuild the embedded tiny target: offline corpus, BPE tokenizer, Qwen3 training (SPEC §11)."""
+    import dataclasses
+
+    import torch
+
+    from dspark.presets.tiny import assets_dir
+    from dspark.tiny.build import TinyTargetConfig, build_tiny_target
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = TinyTargetConfig()
+    if args.steps:
+        cfg = dataclasses.replace(cfg, steps=args.steps)
+    out = args.out or assets_dir() / "tiny_target"
+    prompts = args.prompts_out or assets_dir() / "prompts"
+    manifest = build_tiny_target(out, prompts, cfg)
+    print(json.dumps({k: manifest[k] for k in ("parameters", "build_seconds", "held_out_loss")}, indent=2))
+    return 0
+
+
+# ----------------------------------------------------------------------------- the table
+
+COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
+    "generate": (_add_generate, main_generate),
+    "build-tiny-target": (_add_build_tiny, main_build_tiny_target),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dspark", description="Lossless speculative decoding: train, evaluate and serve drafters."
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (add_args, fn) in COMMANDS.items():
+        doc = (fn.__doc__ or "").strip()
+        p = sub.add_parser(name, help=doc.splitlines()[0] if doc else None, description=doc)
+        add_args(p)
+        p.set_defaults(_fn=fn)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        return args._fn(args)
+    except DsparkError as e:
+        # User mistakes: one line, no traceback (a library bug is not caught here).
+        parser.exit(2, f"dspark: error: {e}\n")
+    except KeyboardInterrupt:
+        return 130

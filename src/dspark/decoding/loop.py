@@ -1,0 +1,161 @@
+"""Batch-1 speculative decoding: prefill → (draft → verify → commit/rollback)* (SPEC §3).
+
+A handful of small functions in the spirit of gpt-fast's ``generate.py``. The batched
+engine with a scheduler (SPEC §10) replaces this loop for serving; this one is the
+reference the engine is tested against and the path ``dspark generate`` takes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from dspark.decoding.stopping import Cut, cut_round
+from dspark.errors import DsparkError, PromptTooLongError
+from dspark.protocols import DraftBlock, Drafter, GenerationResult, RoundLog, SamplingParams, SequenceState
+from dspark.sampling import batch_probs, verify
+from dspark.targets import TargetAdapter, TargetCache
+
+OnTokens = Callable[[list[int]], None]
+
+
+@dataclass
+class _Request:
+    """Loop-private state of the one request being decoded."""
+
+    state: SequenceState
+    params: SamplingParams
+    generator: torch.Generator | None
+    cache: TargetCache
+    greedy: torch.Tensor  # [1] bool
+
+
+def _needs_features(drafter: Drafter | None) -> bool:
+    return drafter is not None and len(drafter.target_layer_ids) > 0
+
+
+def _round(
+    target: TargetAdapter, drafter: Drafter | None, req: _Request, block: DraftBlock
+) -> tuple[list[int], int, torch.Tensor | None]:
+    """Verify one draft block; commit the accepted prefix to the KV cache.
+
+    Returns the emitted tokens (accepted drafts + recovered/bonus), the number of
+    accepted drafts and the new features ``[a+1, L, H]`` (anchor + accepted drafts),
+    which are also appended to the state. The cache is rolled back to the accepted
+    length.
+    """
+    k = int(block.lengths[0])
+    drafts = block.tokens[:, :k]  # [1, k]
+    anchor = torch.tensor([[req.state.token_ids[-1]]])
+    ids = torch.cat([anchor, drafts], dim=1).to(target.device)  # [1, k+1]
+    start = req.cache.length
+    out = target.forward(ids, req.cache, with_features=_needs_features(drafter))
+    target_probs = batch_probs(out.logits, [req.params])  # [1, k+1, V]
+    draft_probs = block.probs[:, :k].to(target_probs) if block.probs is not None else None
+    result = verify(
+        drafts,
+        block.lengths.clamp(max=k),
+        draft_probs,
+        target_probs,
+        greedy=req.greedy,
+        generators=[req.generator],
+    )
+    accepted = int(result.num_accepted[0])
+    # Keep the anchor and the accepted drafts; the recovered/bonus token becomes the
+    # next anchor and enters the cache with the next verification forward.
+    target.rollback(req.cache, start + 1 + accepted)
+    new = None
+    if out.features is not None:
+        new = out.features[0, : accepted + 1]  # [a+1, L, H]
+        req.state.features = new if req.state.features is None else torch.cat([req.state.features, new])
+    return result.emitted(drafts, 0), accepted, new
+
+
+def _prefill(
+    target: TargetAdapter,
+    drafter: Drafter | None,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> tuple[_Request, int]:
+    """Run the prompt through the target and sample the first token (a round with no drafts)."""
+    cache = target.new_cache()
+    greedy = torch.tensor([params.greedy])
+    req = _Request(SequenceState(0, list(prompt_ids[:-1]), len(prompt_ids)), params, generator, cache, greedy)
+    if len(prompt_ids) > 1:
+        out = target.forward(
+            torch.tensor([prompt_ids[:-1]], device=target.device),
+            cache,
+            with_features=_needs_features(drafter),
+        )
+        req.state.features = None if out.features is None else out.features[0]
+    # The last prompt token plays the anchor of an empty round: one forward emits token 1.
+    req.state.token_ids.append(prompt_ids[-1])
+    emitted, _, _ = _round(target, drafter, req, DraftBlock.empty(1, target.vocab_size))
+    return req, emitted[0]
+
+
+def speculative_generate(
+    target: TargetAdapter,
+    drafter: Drafter | None,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    *,
+    block_size: int = 7,
+    decode: Callable[[list[int]], str] | None = None,
+    on_tokens: OnTokens | None = None,
+) -> GenerationResult:
+    """Generate up to ``params.max_tokens`` tokens after ``prompt_ids``, losslessly.
+
+    ``drafter=None`` is plain autoregressive decoding through the same code path.
+    ``decode`` turns ids into text (needed for stop strings and ``result.text``);
+    ``on_tokens`` is called with each round's emitted tokens, for streaming.
+    """
+    if not prompt_ids:
+        raise DsparkError("the prompt is empty")
+    if len(prompt_ids) + 1 > target.max_context:
+        raise PromptTooLongError(
+            f"prompt has {len(prompt_ids)} tokens; the target's context is {target.max_context}"
+        )
+    if params.stop and decode is None:
+        raise ValueError("stop strings need a decode function")
+    started = time.perf_counter()
+    generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+    max_new = min(params.max_tokens, target.max_context - len(prompt_ids))
+    req, first = _prefill(target, drafter, prompt_ids, params, generator)
+    generated: list[int] = []
+    rounds: list[RoundLog] = []
+
+    def commit(emitted: list[int], proposed: int, accepted: int) -> Cut:
+        cut = cut_round(generated, emitted, target.eos_token_ids, max_new, params.stop, decode)
+        generated.extend(cut.tokens)
+        req.state.token_ids.extend(cut.tokens)
+        rounds.append(RoundLog(proposed=proposed, accepted=accepted, emitted=len(cut.tokens)))
+        if on_tokens is not None and cut.tokens:
+            on_tokens(cut.tokens)
+        return cut
+
+    cut = commit([first], 0, 0)
+    while cut.finish_reason is None:
+        # A round emits at most K+1 tokens; never draft past the budget.
+        max_len = min(block_size, max_new - len(generated) - 1)
+        block = (
+            drafter.propose([req.state], max_len, [params])
+            if drafter is not None and max_len > 0
+            else DraftBlock.empty(1, target.vocab_size)
+        )
+        emitted, accepted, new_features = _round(target, drafter, req, block)
+        cut = commit(emitted, int(block.lengths[0]), accepted)
+        if drafter is not None:
+            drafter.update(req.state, accepted, new_features)
+    text = cut.text if cut.text is not None else (decode(generated) if decode else "")
+    return GenerationResult(
+        token_ids=generated,
+        text=text,
+        finish_reason=cut.finish_reason,
+        rounds=rounds[1:],
+        seconds=time.perf_counter() - started,
+    )

@@ -1,0 +1,396 @@
+"""Layers and helpers shared by the feature-conditioned drafters (SPEC §5).
+
+- :class:`DecoderDims`: the shape of a draft decoder layer, read from the target config;
+- RoPE, RMSNorm, SwiGLU, attention with an explicit boolean mask (SDPA);
+- :class:`DraftAttention` / :class:`DraftDecoderLayer`: a Qwen3-style pre-norm layer with
+  **KV injection** (paper Eq. 3): keys/values ``[W_K H_ctx ; W_K H_d]``, queries from the
+  draft block only;
+- :class:`ContextKV`: a per-request, growable cache of context keys/values;
+- the glue every drafter needs: resolving config fields against the target, copying the
+  frozen embedding and LM head, per-request generators and sampling.
+
+Module attribute names follow the DeepSpec checkpoint layout (SPEC §5.4), so a drafter's
+``state_dict()`` has the released key names without any renaming.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dspark.protocols import SamplingParams
+
+# -- dimensions -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecoderDims:
+    """Shape of a draft decoder layer; drafters copy it from their target (SPEC §5.1).
+
+    ``embed_scale`` and ``logit_softcap`` are the target family's quirks (Gemma): the
+    drafter holds the bare embedding matrix and LM head, so it applies them itself.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    initializer_range: float = 0.02
+    embed_scale: float = 1.0
+    logit_softcap: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+
+    @classmethod
+    def from_target(cls, target) -> DecoderDims:
+        """Dims of ``target`` (a :class:`~dspark.targets.TargetAdapter`)."""
+        cfg = target.config
+        rope = getattr(cfg, "rope_parameters", None) or {}
+        theta = rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
+        num_heads = cfg.num_attention_heads
+        return cls(
+            vocab_size=target.vocab_size,
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size,
+            num_heads=num_heads,
+            num_kv_heads=getattr(cfg, "num_key_value_heads", None) or num_heads,
+            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads,
+            rms_norm_eps=getattr(cfg, "rms_norm_eps", 1e-6),
+            rope_theta=float(theta),
+            initializer_range=getattr(cfg, "initializer_range", 0.02),
+            embed_scale=target.quirks.embed_scale,
+            logit_softcap=target.quirks.final_logit_softcapping,
+        )
+
+
+# -- building blocks ----------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    """``w · x / rms(x)``, computed in fp32 like the Qwen3/Llama reference."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """Rotary tables for integer ``positions [B, T]`` → cos, sin ``[B, T, head_dim]`` (fp32)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
+    angles = positions.float().unsqueeze(-1) * inv_freq  # [B, T, hd/2]
+    angles = torch.cat([angles, angles], dim=-1)  # [B, T, hd]
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate ``x [B, n, T, hd]`` by the tables ``[B, T, hd]`` (rotate-half convention, as HF)."""
+    cos, sin = cos.unsqueeze(1).to(x.dtype), sin.unsqueeze(1).to(x.dtype)  # [B, 1, T, hd]
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)  # [B, n, T, hd]
+    return x * cos + rotated * sin
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """Scaled dot-product attention with grouped KV heads.
+
+    q ``[B, nh, Tq, hd]``; k, v ``[B, nkv, Tk, hd]``; mask ``[B, 1, Tq, Tk]`` bool
+    (True = attend) or None (attend everywhere). Returns ``[B, nh, Tq, hd]``.
+    """
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k = k.repeat_interleave(groups, dim=1)  # [B, nh, Tk, hd]
+        v = v.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+class SwiGLU(nn.Module):
+    """``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DraftAttention(nn.Module):
+    """Multi-head attention whose keys/values may be prefixed by injected context.
+
+    ``in_features`` is H for DFlash layers and 2H for Eagle3's layer (SPEC §5.2);
+    ``qk_norm`` adds Qwen3's per-head RMSNorm on queries and keys before RoPE.
+    """
+
+    def __init__(self, dims: DecoderDims, in_features: int, *, qk_norm: bool) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = dims.num_heads, dims.num_kv_heads, dims.head_dim
+        self.q_proj = nn.Linear(in_features, dims.num_heads * dims.head_dim, bias=False)
+        self.k_proj = nn.Linear(in_features, dims.num_kv_heads * dims.head_dim, bias=False)
+        self.v_proj = nn.Linear(in_features, dims.num_kv_heads * dims.head_dim, bias=False)
+        self.o_proj = nn.Linear(dims.num_heads * dims.head_dim, dims.hidden_size, bias=False)
+        self.q_norm = RMSNorm(dims.head_dim, dims.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(dims.head_dim, dims.rms_norm_eps) if qk_norm else None
+
+    def _heads(self, x: Tensor, n: int) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, n, self.head_dim).transpose(1, 2)  # [B, n, T, hd]
+
+    def project_kv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys (normed, rotated) and values of ``x [B, T, in]``: two ``[B, nkv, T, hd]``."""
+        k = self._heads(self.k_proj(x), self.num_kv_heads)  # [B, nkv, T, hd]
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        return apply_rope(k, cos, sin), self._heads(self.v_proj(x), self.num_kv_heads)
+
+    def forward(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        ctx_k: Tensor | None,
+        ctx_v: Tensor | None,
+        mask: Tensor | None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Attend from ``x [B, T, in]`` over ``[ctx ; x]``; returns out ``[B, T, H]`` and x's k, v.
+
+        ``ctx_k``/``ctx_v`` ``[B, nkv, C, hd]`` are already rotated; ``mask`` is
+        ``[B, 1, T, C + T]`` bool or None.
+        """
+        B, T, _ = x.shape
+        q = self._heads(self.q_proj(x), self.num_heads)  # [B, nh, T, hd]
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        q = apply_rope(q, cos, sin)
+        k, v = self.project_kv(x, cos, sin)  # [B, nkv, T, hd]
+        keys = k if ctx_k is None else torch.cat([ctx_k, k], dim=2)  # [B, nkv, C+T, hd]
+        values = v if ctx_v is None else torch.cat([ctx_v, v], dim=2)
+        out = attend(q, keys, values, mask)  # [B, nh, T, hd]
+        out = out.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)  # [B, T, nh*hd]
+        return self.o_proj(out), k, v
+
+
+class DraftDecoderLayer(nn.Module):
+    """Qwen3-style pre-norm decoder layer with KV injection (paper Eq. 3, SPEC §5.1).
+
+    The context is not run through the layer: its fused features ``H_ctx`` are only
+    projected by this layer's ``k_proj``/``v_proj`` (k-norm and RoPE included) and
+    prepended to the block's own keys and values.
+    """
+
+    def __init__(self, dims: DecoderDims) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(dims.hidden_size, dims.rms_norm_eps)
+        self.self_attn = DraftAttention(dims, dims.hidden_size, qk_norm=True)
+        self.post_attention_layernorm = RMSNorm(dims.hidden_size, dims.rms_norm_eps)
+        self.mlp = SwiGLU(dims.hidden_size, dims.intermediate_size)
+
+    def context_kv(self, h_ctx: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """``W_K H_ctx``, ``W_V H_ctx`` for context ``[B, C, H]``: two ``[B, nkv, C, hd]``."""
+        return self.self_attn.project_kv(h_ctx, cos, sin)
+
+    def forward(
+        self, h: Tensor, cos: Tensor, sin: Tensor, ctx_k: Tensor | None, ctx_v: Tensor | None, mask: Tensor | None
+    ) -> Tensor:
+        """Block hidden states ``[B, T, H]`` → ``[B, T, H]``."""
+        attn, _, _ = self.self_attn(self.input_layernorm(h), cos, sin, ctx_k, ctx_v, mask)
+        h = h + attn
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+def fuse_features(fc: nn.Linear, features: Tensor) -> Tensor:
+    """``W_c [H^(l1); …; H^(lm)]``: features ``[..., L, H]`` → ``[..., H]`` (paper Eq. 2, before the norm)."""
+    return fc(features.flatten(-2).to(fc.weight.dtype))
+
+
+def init_weights(module: nn.Module, std: float) -> None:
+    """HF-style init: linear and embedding weights ~ N(0, std), biases 0, norms 1."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=std)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, std=std)
+        elif isinstance(m, RMSNorm):
+            nn.init.ones_(m.weight)
+
+
+# -- the target's shared pieces ---------------------------------------------------------
+
+
+def resolve_target_fields(config, target):
+    """``config`` with ``target_layer_ids`` and ``mask_token_id`` filled in from ``target``.
+
+    ``None`` means "the target's": its adapter's feature layers, its tokenizer's mask
+    token. Given values must agree with the adapter, whose forward produces the features
+    the drafter reads (fail loudly rather than read the wrong layers).
+    """
+    changes = {}
+    if hasattr(config, "target_layer_ids"):
+        ids = config.target_layer_ids
+        if ids is None:
+            changes["target_layer_ids"] = tuple(target.target_layer_ids)
+        elif tuple(ids) != tuple(target.target_layer_ids):
+            raise ValueError(
+                f"drafter target_layer_ids {tuple(ids)} != the adapter's {tuple(target.target_layer_ids)}: "
+                "build the TargetAdapter with target_layer_ids=... to match"
+            )
+    if hasattr(config, "mask_token_id"):
+        mask_id = config.mask_token_id
+        if mask_id is None:
+            mask_id = getattr(target.tokenizer, "mask_token_id", None)
+            if mask_id is None:
+                raise ValueError("mask_token_id is not set and the target's tokenizer has no mask token")
+        if not 0 <= mask_id < target.vocab_size:
+            raise ValueError(f"mask_token_id {mask_id} is outside the target vocabulary of {target.vocab_size}")
+        changes["mask_token_id"] = int(mask_id)
+    return dataclasses.replace(config, **changes)
+
+
+@torch.no_grad()
+def copy_shared_weights(drafter: nn.Module, target) -> None:
+    """Copy the target's embedding and LM head into ``drafter`` and freeze them (SPEC §2)."""
+    embedding = target.model.get_input_embeddings().weight
+    head = target.model.get_output_embeddings().weight
+    for name, source in (("embed_tokens", embedding), ("lm_head", head)):
+        param = getattr(drafter, name).weight
+        if param.shape != source.shape:
+            raise ValueError(f"{name} {tuple(param.shape)} != target's {tuple(source.shape)}")
+        param.copy_(source)
+        param.requires_grad_(False)
+
+
+def lm_logits(lm_head: nn.Linear, h: Tensor, softcap: float | None) -> Tensor:
+    """Logits ``[..., V]`` fp32 from final-normed ``h [..., H]``, with the family's softcap."""
+    logits = lm_head(h).float()
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    return logits
+
+
+# -- inference state ------------------------------------------------------------------------
+
+
+class ContextKV:
+    """Keys/values of one request's context for every draft layer, grown in place.
+
+    Holds ``[n_layers, 2, nkv, capacity, hd]`` and doubles the capacity when full, so
+    absorbing a round's few new tokens never copies the whole context.
+    """
+
+    def __init__(self, n_layers: int, num_kv_heads: int, head_dim: int, *, dtype, device) -> None:
+        self.buf = torch.zeros(n_layers, 2, num_kv_heads, 64, head_dim, dtype=dtype, device=device)
+        self.length = 0
+
+    def append(self, kv: Tensor) -> None:
+        """Append ``kv [n_layers, 2, nkv, n, hd]`` for n new context entries."""
+        n = kv.shape[3]
+        need = self.length + n
+        if need > self.buf.shape[3]:
+            capacity = max(need, 2 * self.buf.shape[3])
+            grown = self.buf.new_zeros(*self.buf.shape[:3], capacity, self.buf.shape[4])
+            grown[..., : self.length, :] = self.buf[..., : self.length, :]
+            self.buf = grown
+        self.buf[..., self.length : need, :] = kv
+        self.length = need
+
+    def view(self) -> Tensor:
+        """``[n_layers, 2, nkv, C, hd]`` for the C entries held."""
+        return self.buf[..., : self.length, :]
+
+
+@dataclass
+class DrafterCache:
+    """What a feature-conditioned drafter keeps per request in ``state.drafter_cache``."""
+
+    context: ContextKV  # keys/values of the committed context, never of drafts
+    generator: torch.Generator | None  # seeded from SamplingParams.seed, else None
+
+
+def batch_context(caches: list[ContextKV]) -> tuple[Tensor, Tensor]:
+    """Stack R requests' context K/V, right-padded: ``[n_layers, 2, R, nkv, Cmax, hd]`` and lengths ``[R]``."""
+    views = [c.view() for c in caches]
+    if len(views) == 1:
+        return views[0].unsqueeze(2), torch.tensor([caches[0].length], device=views[0].device)
+    n_layers, _, nkv, _, hd = views[0].shape
+    c_max = max(c.length for c in caches)
+    out = views[0].new_zeros(n_layers, 2, len(views), nkv, c_max, hd)
+    for r, v in enumerate(views):
+        out[:, :, r, :, : v.shape[3]] = v
+    return out, torch.tensor([c.length for c in caches], device=out.device)
+
+
+def padded_context_mask(lengths: Tensor, c_max: int, num_queries: int, num_own: int) -> Tensor | None:
+    """``[R, 1, Tq, Cmax + own]`` bool: real context entries and all own keys; None if no padding."""
+    if bool((lengths == c_max).all()):
+        return None
+    R = lengths.shape[0]
+    ctx = torch.arange(c_max, device=lengths.device) < lengths.unsqueeze(-1)  # [R, Cmax]
+    own = torch.ones(R, num_own, dtype=torch.bool, device=lengths.device)  # [R, own]
+    return torch.cat([ctx, own], dim=-1)[:, None, None, :].expand(R, 1, num_queries, c_max + num_own)
+
+
+def request_generator(params: SamplingParams, device: torch.device | str = "cpu") -> torch.Generator | None:
+    """The drafter's own generator for one request: seeded from ``params.seed``, else None (global RNG)."""
+    if params.seed is None:
+        return None
+    return torch.Generator(device=device).manual_seed(params.seed)
+
+
+def sample_tokens(
+    probs: Tensor, sampling: list[SamplingParams], generators: list[torch.Generator | None]
+) -> Tensor:
+    """One token per row of ``probs [R, V]`` or ``[R, K, V]``: argmax if greedy, else a draw.
+
+    Request r draws from its own generator, so its drafts depend on its own seed only.
+    """
+    if probs.dim() == 2:
+        return sample_tokens(probs.unsqueeze(1), sampling, generators).squeeze(1)
+    R, K, _ = probs.shape
+    tokens = probs.argmax(dim=-1)  # [R, K]
+    for r, (params, g) in enumerate(zip(sampling, generators)):
+        if not params.greedy and K > 0:
+            tokens[r] = torch.multinomial(probs[r].float(), 1, generator=g).squeeze(-1)  # [K]
+    return tokens
+
+
+def assert_states(states, max_len: int, sampling) -> None:
+    """Checks at the propose boundary, shared by every drafter."""
+    assert len(sampling) == len(states), f"{len(sampling)} sampling params for {len(states)} states"
+    assert max_len >= 0, f"max_len must be >= 0, got {max_len}"
+    for s in states:
+        n_feat = 0 if s.features is None else s.features.shape[0]
+        if n_feat < len(s.token_ids) - 1:
+            raise ValueError(
+                f"request {s.request_id}: {n_feat} feature rows for {len(s.token_ids)} tokens "
+                "(need one per token except the anchor)"
+            )
+
+
+
+def build_from_target(cls, target, config):
+    """``cls(config, dims)`` for ``target``: fields resolved, embedding and LM head copied, on its device."""
+    config = resolve_target_fields(config, target)
+    drafter = cls(config, DecoderDims.from_target(target))
+    copy_shared_weights(drafter, target)
+    return drafter.to(device=target.device, dtype=target.dtype)

@@ -1,0 +1,254 @@
+"""DFlash: a parallel drafter with KV injection (SPEC §5.1; paper §2, Eqs. 2-3).
+
+One forward drafts a whole block. The block input is the anchor's embedding in slot 0
+and the mask token's in slots 1..γ-1; slot j sits at position ``anchor_pos + j`` and
+predicts the token at ``anchor_pos + j + 1`` (γ inputs → γ logits, the DSpark
+convention). Slots attend to each other bidirectionally and to the injected context:
+the fused target features ``H_ctx`` of every token strictly before the anchor.
+
+:class:`DFlashBackbone` is the network (shared with DSpark, which adds heads on top);
+:class:`DFlashDrafter` is the drafter: one forward, every slot sampled independently.
+
+Inference keeps, per request, the context keys/values of every draft layer in
+``state.drafter_cache`` (:class:`~dspark.drafters.common.DrafterCache`). They depend
+on the target features only, so each round appends the features of the newly committed
+tokens and never recomputes the context; drafts never enter the cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from dspark.drafters.common import (
+    ContextKV,
+    DecoderDims,
+    DraftDecoderLayer,
+    DrafterCache,
+    RMSNorm,
+    assert_states,
+    batch_context,
+    build_from_target,
+    fuse_features,
+    init_weights,
+    lm_logits,
+    padded_context_mask,
+    request_generator,
+    rope_cos_sin,
+    sample_tokens,
+)
+from dspark.protocols import DraftBlock, SamplingParams, SequenceState, TrainBatch, TrainOutput
+from dspark.sampling.probs import batch_probs
+from dspark.training.blocks import BlockLayout, batch_layout, block_attention_mask
+from dspark.training.losses import LossOutput, ObjectiveConfig, compute_loss, dflash_objective
+
+
+@dataclass(frozen=True, kw_only=True)
+class DFlashConfig:
+    """A DFlash drafter. ``None`` fields are filled from the target by ``from_target``."""
+
+    num_layers: int = 5  # draft decoder layers (paper default)
+    block_size: int = 7  # γ: slots per block = drafts per round
+    target_layer_ids: tuple[int, ...] | None = None  # None = the target adapter's
+    mask_token_id: int | None = None  # None = the tokenizer's mask token (Qwen3: 151669)
+    objective: ObjectiveConfig = field(default_factory=dflash_objective)
+
+    def __post_init__(self) -> None:
+        if self.num_layers < 1 or self.block_size < 1:
+            raise ValueError(f"num_layers and block_size must be >= 1, got {self.num_layers}, {self.block_size}")
+
+
+class DFlashBackbone(nn.Module):
+    """The parallel block network; attribute names give the DeepSpec keys (SPEC §5.4).
+
+    ``embed_tokens``/``lm_head`` are frozen copies of the target's; ``fc`` + ``hidden_norm``
+    fuse the target features (Eq. 2); ``layers`` are KV-injection decoder layers (Eq. 3).
+    """
+
+    def __init__(
+        self,
+        dims: DecoderDims,
+        *,
+        num_layers: int,
+        block_size: int,
+        target_layer_ids: tuple[int, ...] | None,
+        mask_token_id: int | None,
+    ) -> None:
+        super().__init__()
+        if target_layer_ids is None or mask_token_id is None:
+            raise ValueError("target_layer_ids and mask_token_id must be set (from_target fills them)")
+        self.dims = dims
+        self.block_size = block_size
+        self.target_layer_ids = tuple(target_layer_ids)
+        self.mask_token_id = int(mask_token_id)
+        H, V, L = dims.hidden_size, dims.vocab_size, len(self.target_layer_ids)
+        self.embed_tokens = nn.Embedding(V, H)
+        self.fc = nn.Linear(L * H, H, bias=False)
+        self.hidden_norm = RMSNorm(H, dims.rms_norm_eps)
+        self.layers = nn.ModuleList(DraftDecoderLayer(dims) for _ in range(num_layers))
+        self.norm = RMSNorm(H, dims.rms_norm_eps)
+        self.lm_head = nn.Linear(H, V, bias=False)
+        init_weights(self, dims.initializer_range)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.lm_head.weight.requires_grad_(False)
+
+    # -- pieces ----------------------------------------------------------------------------
+
+    def embed(self, ids: Tensor) -> Tensor:
+        """Token embeddings ``[...] → [..., H]``, scaled like the target's (Gemma)."""
+        e = self.embed_tokens(ids)
+        return e * self.dims.embed_scale if self.dims.embed_scale != 1.0 else e
+
+    def context_features(self, features: Tensor) -> Tensor:
+        """``H_ctx = RMSNorm(W_c [H^(l1); …; H^(lm)])``: ``[..., L, H] → [..., H]`` (Eq. 2)."""
+        return self.hidden_norm(fuse_features(self.fc, features))
+
+    def logits(self, h: Tensor) -> Tensor:
+        """LM-head logits ``[..., V]`` fp32 of final-normed hidden states ``[..., H]``."""
+        return lm_logits(self.lm_head, h, self.dims.logit_softcap)
+
+    def _rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        return rope_cos_sin(positions, self.dims.head_dim, self.dims.rope_theta)  # [B, T, hd] x 2
+
+    def _block_inputs(self, anchor_ids: Tensor) -> Tensor:
+        """Block token ids ``[..., K]``: the anchor in slot 0, the mask token after it."""
+        ids = torch.full((*anchor_ids.shape, self.block_size), self.mask_token_id, device=anchor_ids.device)
+        ids[..., 0] = anchor_ids
+        return ids
+
+    # -- training ----------------------------------------------------------------------------
+
+    def block_hidden_train(self, batch: TrainBatch, layout: BlockLayout) -> Tensor:
+        """Final-normed hidden states ``[B, A, K, H]`` of every block, in one forward (SPEC §6).
+
+        Context = the fused features of all T positions; the mask lets each block see
+        only the entries strictly before its anchor and its own slots.
+        """
+        B, T = batch.input_ids.shape
+        A, K, H = layout.anchors.shape[1], self.block_size, self.dims.hidden_size
+        h_ctx = self.context_features(batch.features)  # [B, T, H]
+        cos_c, sin_c = self._rope(torch.arange(T, device=h_ctx.device).expand(B, T))  # [B, T, hd]
+        anchor_ids = batch.input_ids.gather(1, layout.anchors.clamp_min(0))  # [B, A]
+        h = self.embed(self._block_inputs(anchor_ids)).view(B, A * K, H).to(h_ctx.dtype)  # [B, A*K, H]
+        cos_q, sin_q = self._rope(layout.positions.view(B, A * K))  # [B, A*K, hd]
+        mask = block_attention_mask(layout.anchors, T, K)  # [B, 1, A*K, T + A*K]
+        for layer in self.layers:
+            ctx_k, ctx_v = layer.context_kv(h_ctx, cos_c, sin_c)  # [B, nkv, T, hd]
+            h = layer(h, cos_q, sin_q, ctx_k, ctx_v, mask)
+        return self.norm(h).view(B, A, K, H)
+
+    def target_logits(self, batch: TrainBatch, layout: BlockLayout) -> Tensor:
+        """The target's logits at every slot ``[B, A, K, V]``, from its final-normed hidden (SPEC §6)."""
+        B, A, K = layout.positions.shape
+        H = batch.target_hidden.shape[-1]
+        idx = layout.positions.view(B, A * K, 1).clamp_max(batch.target_hidden.shape[1] - 1).expand(-1, -1, H)
+        hidden = batch.target_hidden.gather(1, idx).view(B, A, K, H)  # [B, A, K, H]
+        return self.logits(hidden.to(self.lm_head.weight.dtype))
+
+    # -- inference ---------------------------------------------------------------------------
+
+    def _cache(self, state: SequenceState, params: SamplingParams) -> DrafterCache:
+        if state.drafter_cache is None:
+            w = self.fc.weight
+            d = self.dims
+            context = ContextKV(len(self.layers), d.num_kv_heads, d.head_dim, dtype=w.dtype, device=w.device)
+            state.drafter_cache = DrafterCache(context=context, generator=request_generator(params, w.device))
+        return state.drafter_cache
+
+    @torch.no_grad()
+    def sync_context(self, state: SequenceState) -> None:
+        """Append to the context cache the features of committed tokens it lacks.
+
+        The context is every token but the anchor: ``state.features[:T-1]``.
+        """
+        context = state.drafter_cache.context
+        start, end = context.length, len(state.token_ids) - 1
+        if start > end:
+            raise ValueError(f"request {state.request_id}: drafter context {start} > committed tokens {end}")
+        if start == end:
+            return
+        feats = state.features[start:end].to(self.fc.weight.device)  # [n, L, H]
+        h_ctx = self.context_features(feats).unsqueeze(0)  # [1, n, H]
+        cos, sin = self._rope(torch.arange(start, end, device=h_ctx.device).unsqueeze(0))  # [1, n, hd]
+        kv = torch.stack([torch.stack(layer.context_kv(h_ctx, cos, sin)) for layer in self.layers])
+        context.append(kv.squeeze(2))  # [n_layers, 2, nkv, n, hd]
+
+    @torch.no_grad()
+    def block_hidden_infer(self, states: list[SequenceState]) -> Tensor:
+        """Final-normed hidden states ``[R, K, H]`` of each request's next block (caches synced)."""
+        kv, lengths = batch_context([s.drafter_cache.context for s in states])  # [n_layers, 2, R, nkv, C, hd]
+        device = kv.device
+        anchors = torch.tensor([s.token_ids[-1] for s in states], device=device)  # [R]
+        anchor_pos = torch.tensor([len(s.token_ids) - 1 for s in states], device=device)  # [R]
+        positions = anchor_pos.unsqueeze(-1) + torch.arange(self.block_size, device=device)  # [R, K]
+        cos, sin = self._rope(positions)  # [R, K, hd]
+        mask = padded_context_mask(lengths, kv.shape[4], self.block_size, self.block_size)
+        h = self.embed(self._block_inputs(anchors)).to(kv.dtype)  # [R, K, H]
+        for i, layer in enumerate(self.layers):
+            h = layer(h, cos, sin, kv[i, 0], kv[i, 1], mask)
+        return self.norm(h)
+
+    def prepare(self, states: list[SequenceState], sampling: list[SamplingParams]) -> list[torch.Generator | None]:
+        """Create missing caches, absorb new features; returns the per-request generators."""
+        for state, params in zip(states, sampling):
+            self._cache(state, params)
+            self.sync_context(state)
+        return [s.drafter_cache.generator for s in states]
+
+    def update(self, state: SequenceState, num_accepted: int, new_features: Tensor | None) -> None:
+        """Absorb a verified round: extend the context cache from ``state.features``.
+
+        ``state.features`` is the source of truth (the loop has already appended
+        ``new_features`` to it); the cache held no drafts, so nothing is rolled back.
+        """
+        if state.drafter_cache is not None:
+            self.sync_context(state)
+
+
+class DFlashDrafter(DFlashBackbone):
+    """The DFlash drafter: every slot of the block sampled independently from its logits."""
+
+    def __init__(self, config: DFlashConfig, dims: DecoderDims) -> None:
+        super().__init__(
+            dims,
+            num_layers=config.num_layers,
+            block_size=config.block_size,
+            target_layer_ids=config.target_layer_ids,
+            mask_token_id=config.mask_token_id,
+        )
+        self.config = config
+
+    @classmethod
+    def from_target(cls, target, config: DFlashConfig) -> DFlashDrafter:
+        """A randomly initialised drafter for ``target`` sharing its (frozen) embedding and LM head."""
+        return build_from_target(cls, target, config)
+
+    def forward_train(self, batch: TrainBatch) -> TrainOutput:
+        """Logits of every block slot, with teacher-forced context (SPEC §6)."""
+        layout = batch_layout(batch, self.block_size)
+        h = self.block_hidden_train(batch, layout)  # [B, A, K, H]
+        return TrainOutput(
+            logits=self.logits(h),
+            labels=layout.labels,
+            target_logits=self.target_logits(batch, layout),
+            valid=layout.valid,
+        )
+
+    def loss(self, out: TrainOutput) -> LossOutput:
+        return compute_loss(out, self.config.objective)
+
+    @torch.no_grad()
+    def propose(self, states: list[SequenceState], max_len: int, sampling: list[SamplingParams]) -> DraftBlock:
+        """One forward; ``min(max_len, γ)`` drafts per request from the processed slot distributions."""
+        assert_states(states, max_len, sampling)
+        K = min(max_len, self.block_size)
+        if K == 0 or not states:
+            return DraftBlock.empty(len(states), self.dims.vocab_size)
+        generators = self.prepare(states, sampling)
+        logits = self.logits(self.block_hidden_infer(states)[:, :K])  # [R, K, V]
+        probs = batch_probs(logits, sampling)  # [R, K, V]
+        tokens = sample_tokens(probs, sampling, generators)  # [R, K]
+        lengths = torch.full((len(states),), K, dtype=torch.long, device=tokens.device)
+        return DraftBlock(tokens=tokens, lengths=lengths, probs=probs)

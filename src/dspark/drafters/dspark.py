@@ -1,0 +1,161 @@
+"""DSpark: the DFlash backbone + a sequential head + a confidence head (SPEC §5.3; paper §3).
+
+Block distribution (paper Eq. 4): ``p_k(v | x_0, x_<k) = softmax(U_k + B_k(x_0, x_<k, ·))``
+where ``U_k`` are the backbone's base logits of slot k and ``B_k`` the sequential head's
+bias: the Markov head's ``W_1[x_{k-1}] W_2`` (default) or the RNN head's ``W_2ᵀ tanh(o_k)``.
+One backbone forward, then a cheap left-to-right loop samples ``x_1..x_K``, each step
+conditioned on the token just sampled (``x_0`` = the anchor). The reported draft
+distribution ``p_d`` is exactly the processed ``softmax(U_k + B_k)`` the token was drawn
+from (SPEC §3). The confidence head gives ``c_k = σ(wᵀ[h_k; W_1[x_{k-1}]] + b)`` (Eq. 7),
+optionally temperature-scaled by the STS temperatures of the config (SPEC §8).
+
+Training is teacher-forced: the previous token of slot k is the ground-truth token (slot
+1 uses the anchor), so all slots are computed in parallel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from dspark.drafters.common import DecoderDims, assert_states, build_from_target, sample_tokens
+from dspark.drafters.dflash import DFlashBackbone
+from dspark.heads import MARKOV_HEAD_TYPES, ConfidenceHead, build_sequential_head, scale_confidence_logits
+from dspark.protocols import DraftBlock, SamplingParams, SequenceState, TrainBatch, TrainOutput
+from dspark.sampling.probs import batch_probs
+from dspark.training.blocks import batch_layout
+from dspark.training.losses import LossOutput, ObjectiveConfig, compute_loss, dspark_objective
+
+
+@dataclass(frozen=True, kw_only=True)
+class DSparkConfig:
+    """A DSpark drafter. Field names follow DeepSpec's config.json where one exists (SPEC §5.4).
+
+    ``markov_rank = 0`` drops the sequential head (the backbone alone, i.e. DFlash with a
+    confidence head). ``sts_temperatures[k]`` divides the confidence logit of draft k+1.
+    """
+
+    num_layers: int = 5
+    block_size: int = 7
+    target_layer_ids: tuple[int, ...] | None = None  # None = the target adapter's
+    mask_token_id: int | None = None  # None = the tokenizer's mask token (Qwen3: 151669)
+    markov_rank: int = 256  # r
+    markov_head_type: str = "vanilla"  # "vanilla" (Markov, Eq. 5) | "rnn" (Eq. 6)
+    enable_confidence_head: bool = True
+    confidence_head_with_markov: bool = True  # c_k reads W_1[x_{k-1}] besides h_k
+    sts_temperatures: tuple[float, ...] | None = None  # fitted by calibration (SPEC §8)
+    objective: ObjectiveConfig = field(default_factory=dspark_objective)
+
+    def __post_init__(self) -> None:
+        if self.num_layers < 1 or self.block_size < 1:
+            raise ValueError(f"num_layers and block_size must be >= 1, got {self.num_layers}, {self.block_size}")
+        if self.markov_rank < 0:
+            raise ValueError(f"markov_rank must be >= 0, got {self.markov_rank}")
+        if self.markov_head_type not in MARKOV_HEAD_TYPES:
+            raise ValueError(f"markov_head_type {self.markov_head_type!r} not in {MARKOV_HEAD_TYPES}")
+        if self.sts_temperatures is not None and min(self.sts_temperatures, default=0.0) <= 0:
+            raise ValueError(f"sts_temperatures must be > 0, got {self.sts_temperatures}")
+
+
+class DSparkDrafter(DFlashBackbone):
+    """Semi-autoregressive drafter: parallel backbone, sequential sampling loop, confidences."""
+
+    def __init__(self, config: DSparkConfig, dims: DecoderDims) -> None:
+        super().__init__(
+            dims,
+            num_layers=config.num_layers,
+            block_size=config.block_size,
+            target_layer_ids=config.target_layer_ids,
+            mask_token_id=config.mask_token_id,
+        )
+        self.config = config
+        r = config.markov_rank
+        self.markov_head = None
+        if r > 0:
+            self.markov_head = build_sequential_head(
+                config.markov_head_type, vocab_size=dims.vocab_size, rank=r, hidden_size=dims.hidden_size
+            )
+            self.markov_head.reset_parameters(dims.initializer_range)
+        self.confidence_head = None
+        if config.enable_confidence_head:
+            conf_rank = r if config.confidence_head_with_markov else 0
+            self.confidence_head = ConfidenceHead(dims.hidden_size, conf_rank)
+
+    @classmethod
+    def from_target(cls, target, config: DSparkConfig) -> DSparkDrafter:
+        """A randomly initialised drafter for ``target`` sharing its (frozen) embedding and LM head."""
+        return build_from_target(cls, target, config)
+
+    def _confidence_logits(self, h: Tensor, markov_emb: Tensor | None) -> Tensor:
+        emb = markov_emb if self.confidence_head.markov_rank else None
+        return self.confidence_head.logits(h, emb)
+
+    # -- training ----------------------------------------------------------------------------
+
+    def forward_train(self, batch: TrainBatch) -> TrainOutput:
+        """Markov-corrected logits and confidences of every slot, teacher-forced (SPEC §5.3, §6)."""
+        layout = batch_layout(batch, self.block_size)
+        h = self.block_hidden_train(batch, layout)  # [B, A, K, H]
+        logits = self.logits(h)  # [B, A, K, V]: base logits U_k
+        B, A, K = layout.positions.shape
+        # Slot k sits at position a + k, whose ground-truth token is x_{k-1} (slot 0: the anchor).
+        prev = batch.input_ids.gather(1, layout.positions.view(B, A * K)).view(B, A, K)  # [B, A, K]
+        markov_emb = None
+        if self.markov_head is not None:
+            bias, markov_emb = self.markov_head.teacher_forced(prev, h)  # [B, A, K, V], [B, A, K, r]
+            logits = logits + bias.float()
+        confidences = None
+        if self.confidence_head is not None:
+            confidences = torch.sigmoid(self._confidence_logits(h, markov_emb))  # [B, A, K]
+        return TrainOutput(
+            logits=logits,
+            labels=layout.labels,
+            target_logits=self.target_logits(batch, layout),
+            valid=layout.valid,
+            confidences=confidences,
+        )
+
+    def loss(self, out: TrainOutput) -> LossOutput:
+        return compute_loss(out, self.config.objective)
+
+    # -- inference ---------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def propose(self, states: list[SequenceState], max_len: int, sampling: list[SamplingParams]) -> DraftBlock:
+        """One backbone forward, then sample ``x_1..x_K`` left to right from ``softmax(U_k + B_k)``."""
+        assert_states(states, max_len, sampling)
+        K = min(max_len, self.block_size)
+        R = len(states)
+        if K == 0 or R == 0:
+            return DraftBlock.empty(R, self.dims.vocab_size)
+        generators = self.prepare(states, sampling)
+        h = self.block_hidden_infer(states)[:, :K]  # [R, K, H]
+        base = self.logits(h)  # [R, K, V]
+        prev = torch.tensor([s.token_ids[-1] for s in states], device=h.device)  # [R]: x_0 = anchor
+        head_state = self.markov_head.initial_state(R, h) if self.markov_head is not None else None
+        tokens, probs, conf_logits = [], [], []
+        for k in range(K):
+            logits_k = base[:, k]  # [R, V]
+            markov_emb = None
+            if self.markov_head is not None:
+                bias, markov_emb, head_state = self.markov_head.step(prev, h[:, k], head_state)
+                logits_k = logits_k + bias.float()  # Eq. 4: U_k + B_k
+            p_k = batch_probs(logits_k.unsqueeze(1), sampling).squeeze(1)  # [R, V]
+            x_k = sample_tokens(p_k, sampling, generators)  # [R]
+            if self.confidence_head is not None:
+                conf_logits.append(self._confidence_logits(h[:, k], markov_emb))  # [R]
+            tokens.append(x_k)
+            probs.append(p_k)
+            prev = x_k
+        confidences = None
+        if conf_logits:
+            scaled = scale_confidence_logits(torch.stack(conf_logits, dim=-1).float(), self.config.sts_temperatures)
+            confidences = torch.sigmoid(scaled)  # [R, K]
+        return DraftBlock(
+            tokens=torch.stack(tokens, dim=-1),  # [R, K]
+            lengths=torch.full((R,), K, dtype=torch.long, device=h.device),
+            probs=torch.stack(probs, dim=1),  # [R, K, V]
+            confidences=confidences,
+        )

@@ -1,0 +1,69 @@
+"""N-gram (prompt lookup) drafter: training-free baseline known from vLLM and HF.
+
+Finds the most recent earlier occurrence of the longest suffix (``max_n`` down to
+``min_n`` tokens) of the sequence, and proposes the tokens that followed it. The
+proposal is deterministic, so its draft distribution is one-hot: verification accepts
+draft ``x`` with probability ``p_t(x)`` and otherwise samples from ``norm(p_t - e_x)``,
+which keeps the target distribution (SPEC §3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from numpy.lib.stride_tricks import sliding_window_view
+
+from dspark.protocols import DraftBlock, SamplingParams, SequenceState
+
+
+@dataclass(frozen=True, kw_only=True)
+class NgramConfig:
+    min_n: int = 1
+    max_n: int = 4
+    block_size: int = 7  # the most tokens proposed in a round
+
+
+def lookup(tokens: np.ndarray, max_len: int, min_n: int, max_n: int) -> list[int]:
+    """Continuation of the most recent earlier match of the longest suffix of ``tokens``.
+
+    ``tokens`` is ``[T]``; returns at most ``max_len`` ids (empty when nothing matches).
+    """
+    T = tokens.shape[0]
+    for n in range(min(max_n, T - 1), min_n - 1, -1):
+        suffix = tokens[T - n :]
+        windows = sliding_window_view(tokens[: T - 1], n)  # [T-n, n]: every earlier n-gram
+        hits = np.flatnonzero((windows == suffix).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n  # the token after the most recent match
+            return tokens[start : start + max_len].tolist()
+    return []
+
+
+class NgramDrafter:
+    """Prompt-lookup drafter behind the :class:`~dspark.protocols.Drafter` protocol."""
+
+    target_layer_ids: tuple[int, ...] = ()
+
+    def __init__(self, vocab_size: int, config: NgramConfig = NgramConfig()) -> None:
+        self.vocab_size = vocab_size
+        self.config = config
+        self.block_size = config.block_size
+
+    def propose(
+        self, states: list[SequenceState], max_len: int, sampling: list[SamplingParams]
+    ) -> DraftBlock:
+        R, K = len(states), min(max_len, self.block_size)
+        tokens = torch.zeros(R, K, dtype=torch.long)  # [R, K]
+        lengths = torch.zeros(R, dtype=torch.long)  # [R]
+        for r, state in enumerate(states):
+            found = lookup(np.asarray(state.token_ids), K, self.config.min_n, self.config.max_n)
+            tokens[r, : len(found)] = torch.tensor(found, dtype=torch.long)
+            lengths[r] = len(found)
+        probs = torch.zeros(R, K, self.vocab_size)  # [R, K, V] one-hot: the proposal is deterministic
+        probs.scatter_(-1, tokens.unsqueeze(-1), 1.0)
+        return DraftBlock(tokens=tokens, lengths=lengths, probs=probs)
+
+    def update(self, state: SequenceState, num_accepted: int, new_features: torch.Tensor | None) -> None:
+        """Nothing to absorb: the lookup reads ``state.token_ids`` afresh each round."""

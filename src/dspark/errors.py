@@ -1,0 +1,9 @@
+"""Errors a user can cause. The CLI prints them as one line, never as a traceback."""
+
+
+class DsparkError(Exception):
+    """Base class of every error that is the user's to fix (bad path, bad number, ...)."""
+
+
+class PromptTooLongError(DsparkError):
+    """The prompt (plus at least one new token) does not fit in the target's context."""

@@ -1,0 +1,27 @@
+"""Heads on top of a parallel draft backbone (SPEC §5.3): sequential (Markov, RNN) and confidence."""
+
+from dspark.heads.confidence import ConfidenceHead, scale_confidence_logits
+from dspark.heads.markov import MarkovHead
+from dspark.heads.rnn import RNNHead
+
+# ``markov_head_type`` values of the DeepSpec config (SPEC §5.4) that we build.
+MARKOV_HEAD_TYPES = ("vanilla", "rnn")
+
+
+def build_sequential_head(head_type: str, *, vocab_size: int, rank: int, hidden_size: int):
+    """The sequential head named by ``markov_head_type`` (``vanilla`` = Markov, ``rnn``)."""
+    if head_type == "vanilla":
+        return MarkovHead(vocab_size, rank)
+    if head_type == "rnn":
+        return RNNHead(vocab_size, rank, hidden_size)
+    raise ValueError(f"unknown markov_head_type {head_type!r}; expected one of {MARKOV_HEAD_TYPES}")
+
+
+__all__ = [
+    "MARKOV_HEAD_TYPES",
+    "ConfidenceHead",
+    "MarkovHead",
+    "RNNHead",
+    "build_sequential_head",
+    "scale_confidence_logits",
+]

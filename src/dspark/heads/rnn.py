@@ -1,0 +1,65 @@
+"""The RNN head: a gated recurrent transition bias over the whole block prefix (paper Eq. 6, SPEC §5.3).
+
+At step k the head reads ``z_k = [s_{k-1}; W_1[x_{k-1}]; h_k]`` (``2r + H``), applies one
+linear map ``(2r + H → 3r)`` split into gate g, candidate c and output o, and returns
+
+    s_k = σ(g) ⊙ s_{k-1} + (1 - σ(g)) ⊙ tanh(c),    B_k = W_2ᵀ tanh(o),    s_0 = 0.
+
+Same ``markov_w1``/``markov_w2`` keys as the Markov head, plus ``rnn_proj.weight [3r, 2r+H]``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+class RNNHead(nn.Module):
+    """Transition bias from a recurrent state that accumulates the block prefix."""
+
+    def __init__(self, vocab_size: int, rank: int, hidden_size: int) -> None:
+        super().__init__()
+        self.rank = rank
+        self.markov_w1 = nn.Embedding(vocab_size, rank)
+        self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
+        self.rnn_proj = nn.Linear(2 * rank + hidden_size, 3 * rank, bias=False)
+
+    def reset_parameters(self, std: float) -> None:
+        """W_1, the projection ~ N(0, std); W_2 = 0 (start as the backbone alone)."""
+        nn.init.normal_(self.markov_w1.weight, std=std)
+        nn.init.normal_(self.rnn_proj.weight, std=std)
+        nn.init.zeros_(self.markov_w2.weight)
+
+    def embed(self, prev: Tensor) -> Tensor:
+        """``W_1[x_{k-1}]``: ``[...]`` long → ``[..., r]``."""
+        return self.markov_w1(prev)
+
+    def initial_state(self, R: int, like: Tensor) -> Tensor:
+        """``s_0 = 0``: ``[R, r]``."""
+        return like.new_zeros(R, self.rank)
+
+    def step(self, prev: Tensor, h: Tensor, state: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """prev ``[N]``, h ``[N, H]``, s_{k-1} ``[N, r]`` → bias ``[N, V]``, emb ``[N, r]``, s_k ``[N, r]``."""
+        emb = self.embed(prev)  # [N, r]
+        z = torch.cat([state, emb, h.to(emb.dtype)], dim=-1)  # [N, 2r+H]
+        g, c, o = self.rnn_proj(z).chunk(3, dim=-1)  # 3 x [N, r]
+        gate = torch.sigmoid(g)
+        new_state = gate * state + (1.0 - gate) * torch.tanh(c)
+        return self.markov_w2(torch.tanh(o)), emb, new_state
+
+    def teacher_forced(self, prev: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+        """Run the recurrence over K slots with ground-truth previous tokens.
+
+        prev ``[B, A, K]``, h ``[B, A, K, H]`` → bias ``[B, A, K, V]``, emb ``[B, A, K, r]``.
+        """
+        B, A, K = prev.shape
+        flat_prev = prev.reshape(B * A, K)  # [N, K]
+        flat_h = h.reshape(B * A, K, -1)  # [N, K, H]
+        state = self.initial_state(B * A, self.markov_w1.weight)
+        biases, embs = [], []
+        for k in range(K):
+            bias, emb, state = self.step(flat_prev[:, k], flat_h[:, k], state)
+            biases.append(bias)
+            embs.append(emb)
+        bias = torch.stack(biases, dim=1).view(B, A, K, -1)  # [B, A, K, V]
+        return bias, torch.stack(embs, dim=1).view(B, A, K, self.rank)

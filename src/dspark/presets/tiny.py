@@ -1,0 +1,42 @@
+"""The embedded tiny target and built-in prompt sets shipped as package data (SPEC §11)."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+from dspark.errors import DsparkError
+
+TINY_TARGET_NAME = "tiny"
+PROMPT_DOMAINS = ("math", "code", "chat")
+
+
+def assets_dir() -> Path:
+    return Path(str(resources.files("dspark") / "assets"))
+
+
+def tiny_target_dir() -> Path:
+    """Folder of the embedded tiny target (an ordinary HF model folder)."""
+    path = assets_dir() / "tiny_target"
+    if not (path / "config.json").is_file():
+        raise DsparkError(
+            f"the embedded tiny target is missing at {path}; rebuild it with `dspark build-tiny-target`"
+        )
+    return path
+
+
+def resolve_target(name_or_path: str | None) -> str:
+    """``None`` or ``"tiny"`` → the embedded target; anything else is a path or hub id."""
+    if name_or_path in (None, "", TINY_TARGET_NAME):
+        return str(tiny_target_dir())
+    return name_or_path
+
+
+def builtin_prompts(domain: str) -> list[dict]:
+    """Records ``{"turns": [...], "domain": ..., "reference": ...}`` of a built-in set."""
+    if domain not in PROMPT_DOMAINS:
+        raise DsparkError(f"unknown built-in prompt set {domain!r}; choose from {', '.join(PROMPT_DOMAINS)}")
+    path = assets_dir() / "prompts" / f"{domain}.jsonl"
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,186 @@
+"""The small contracts that the parts of dspark meet at (SPEC §5).
+
+Dimension letters (SPEC §2): R requests, K draft positions, V vocab, T sequence,
+H hidden, L target feature layers.
+
+A *drafter* proposes up to ``max_len`` tokens for each request from that request's
+:class:`SequenceState` and is told afterwards what the target accepted. The decoding
+loop owns the states; a drafter may keep whatever it needs between rounds in
+``state.drafter_cache`` (its KV cache, its n-gram index, ...), and nothing else does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass
+class SequenceState:
+    """Everything known about one request between two rounds.
+
+    ``token_ids`` holds the prompt and every emitted token; its last element is the
+    anchor (SPEC §2) of the next round. ``features`` holds the target's fused-layer
+    features for every token except the anchor (the anchor was just sampled and has
+    not been through the target yet).
+    """
+
+    request_id: int
+    token_ids: list[int]
+    prompt_len: int
+    features: torch.Tensor | None = None  # [T-1, L, H] raw outputs of target_layer_ids
+    drafter_cache: Any = None
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+
+@dataclass(frozen=True)
+class DraftBlock:
+    """A round's proposals for R requests.
+
+    ``tokens[r, :lengths[r]]`` are request r's drafts; the rest is padding (0).
+    ``probs[r, k]`` is the full draft distribution the token at k was sampled from
+    (after the same temperature/top-k/top-p processing as the target, SPEC §3); a
+    deterministic drafter reports a one-hot row. ``confidences[r, k]`` is the predicted
+    conditional acceptance c_k (DSpark only).
+    """
+
+    tokens: torch.Tensor  # [R, K] long
+    lengths: torch.Tensor  # [R] long, 0 <= lengths[r] <= K
+    probs: torch.Tensor | None  # [R, K, V] float, rows sum to 1; None when K == 0
+    confidences: torch.Tensor | None = None  # [R, K]
+
+    def __post_init__(self) -> None:
+        R, K = self.tokens.shape
+        assert self.lengths.shape == (R,), f"lengths {tuple(self.lengths.shape)} != ({R},)"
+        if self.probs is not None:
+            assert self.probs.shape[:2] == (R, K), f"probs {tuple(self.probs.shape)} vs tokens {(R, K)}"
+        if self.confidences is not None:
+            assert self.confidences.shape == (R, K)
+
+    @property
+    def max_len(self) -> int:
+        return self.tokens.shape[1]
+
+    @staticmethod
+    def empty(num_requests: int, vocab_size: int) -> DraftBlock:
+        return DraftBlock(
+            tokens=torch.zeros(num_requests, 0, dtype=torch.long),
+            lengths=torch.zeros(num_requests, dtype=torch.long),
+            probs=torch.zeros(num_requests, 0, vocab_size),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingParams:
+    """Per-request sampling parameters (SPEC §10). ``temperature == 0`` means greedy."""
+
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """What the decoding loop needs from a drafter (SPEC §5).
+
+    ``target_layer_ids`` names the target layers whose raw outputs the drafter reads
+    (empty for drafters that need no features, like n-gram lookup).
+    """
+
+    target_layer_ids: tuple[int, ...]
+
+    def propose(
+        self, states: list[SequenceState], max_len: int, sampling: list[SamplingParams]
+    ) -> DraftBlock:
+        """Draft up to ``max_len`` tokens after each state's anchor."""
+        ...
+
+    def update(self, state: SequenceState, num_accepted: int, new_features: torch.Tensor | None) -> None:
+        """Absorb a verified round: ``state`` already holds the new tokens."""
+        ...
+
+
+@dataclass
+class RoundLog:
+    """One speculative round of one request, as the metrics of SPEC §2 count it."""
+
+    proposed: int  # drafts proposed (verified) this round
+    accepted: int  # drafts accepted
+    emitted: int  # tokens emitted = accepted + 1, fewer if EOS/max_tokens cut the round
+
+
+@dataclass
+class GenerationResult:
+    """The outcome of one request."""
+
+    token_ids: list[int]  # generated tokens only
+    text: str
+    finish_reason: str  # "stop" | "length"
+    rounds: list[RoundLog] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def tau(self) -> float:
+        """Acceptance length τ: tokens emitted per round, bonus included (SPEC §2)."""
+        if not self.rounds:
+            return 0.0
+        return sum(r.accepted + 1 for r in self.rounds) / len(self.rounds)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.token_ids) / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class TrainBatch:
+    """One training batch with the frozen target's outputs already computed (SPEC §6).
+
+    ``features`` are the raw outputs of the drafter's ``target_layer_ids``;
+    ``target_hidden`` is the target's final-normed last hidden state, from which the
+    target distribution at any position is ``lm_head(target_hidden)`` (V-sized logits
+    are never cached, SPEC §7). ``loss_mask`` marks response (assistant) tokens.
+    """
+
+    input_ids: torch.Tensor  # [B, T] long
+    loss_mask: torch.Tensor  # [B, T] bool
+    features: torch.Tensor  # [B, T, L, H]
+    target_hidden: torch.Tensor  # [B, T, H]
+    anchors: torch.Tensor | None = None  # [B, A] long anchor positions, -1 = padding (SPEC §6)
+
+
+@dataclass
+class TrainOutput:
+    """Supervised predictions of a drafter for A blocks of K positions per sequence.
+
+    ``logits[b, a, k]`` is the drafter's prediction of ``labels[b, a, k]``;
+    ``target_logits`` is the target's prediction at the same position; ``valid`` marks
+    the contiguous supervised prefix of each block (SPEC §6).
+    """
+
+    logits: torch.Tensor  # [B, A, K, V] draft logits (Markov-corrected for DSpark)
+    labels: torch.Tensor  # [B, A, K] long ground-truth tokens x_k*
+    target_logits: torch.Tensor  # [B, A, K, V]
+    valid: torch.Tensor  # [B, A, K] bool
+    confidences: torch.Tensor | None = None  # [B, A, K] in (0, 1), DSpark only

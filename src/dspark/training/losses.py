@@ -1,0 +1,210 @@
+"""Drafter objectives and training metrics (SPEC §6; paper Eqs. 9-12).
+
+Every term is a per-slot value ``[B, A, K]`` reduced by one rule: a mean over the
+supervised slots (``TrainOutput.valid``) weighted by the position weight ``w_k`` of the
+slot. Two weightings exist:
+
+- exponential, ``w_k = exp(-(k-1)/δ)`` for DFlash/DSpark (δ = 4.0 in DeepSpec; the paper
+  writes γ);
+- geometric, ``w_k = r^(k-1)`` for Eagle3's training-time test (r = 0.8).
+
+A drafter's objective is data (:class:`ObjectiveConfig` in its config): which terms with
+which coefficients, so one function (:func:`compute_loss`) serves every method and no
+code branches on a method name.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from dspark.protocols import TrainOutput
+
+_EPS = 1e-6  # keeps log(c) and log(1 - c) finite for confidences saturated in fp32
+
+
+@dataclass(frozen=True, kw_only=True)
+class ObjectiveConfig:
+    """Coefficients of the loss terms and the position weighting of one drafter.
+
+    ``ce``: hard cross-entropy on the ground-truth token (Eq. 9); ``tv``: L1 distance
+    to the target distribution (Eq. 10); ``conf``: confidence BCE against the soft
+    acceptance label (Eq. 11); ``soft_ce``: cross-entropy against the full target
+    distribution (Eagle3). Exactly one of ``decay`` (δ) and ``geometric`` (r) is set.
+    """
+
+    ce: float = 0.0
+    tv: float = 0.0
+    conf: float = 0.0
+    soft_ce: float = 0.0
+    decay: float | None = 4.0
+    geometric: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.decay is None) == (self.geometric is None):
+            raise ValueError("set exactly one of decay (exp weighting) and geometric")
+        if self.decay is not None and self.decay <= 0:
+            raise ValueError(f"decay must be > 0, got {self.decay}")
+        if self.geometric is not None and not 0 < self.geometric <= 1:
+            raise ValueError(f"geometric must be in (0, 1], got {self.geometric}")
+        if min(self.ce, self.tv, self.conf, self.soft_ce) < 0:
+            raise ValueError("loss coefficients must be >= 0")
+
+
+def dspark_objective(decay: float = 4.0) -> ObjectiveConfig:
+    """``L = 0.1 L_ce + 0.9 L_tv + 1.0 L_conf`` (paper Eq. 12 defaults)."""
+    return ObjectiveConfig(ce=0.1, tv=0.9, conf=1.0, decay=decay)
+
+
+def dflash_objective(decay: float = 4.0) -> ObjectiveConfig:
+    """DFlash: position-weighted cross-entropy only."""
+    return ObjectiveConfig(ce=1.0, decay=decay)
+
+
+def eagle3_objective(geometric: float = 0.8) -> ObjectiveConfig:
+    """Eagle3: soft cross-entropy against the target distribution, step weight 0.8^k."""
+    return ObjectiveConfig(soft_ce=1.0, decay=None, geometric=geometric)
+
+
+# -- position weights and the one reduction -------------------------------------------
+
+
+def position_weights(
+    K: int, *, decay: float | None = None, geometric: float | None = None, device=None
+) -> Tensor:
+    """``[K]`` weights of slots k = 1..K: ``exp(-(k-1)/decay)`` or ``geometric^(k-1)``."""
+    assert (decay is None) != (geometric is None), "give exactly one of decay and geometric"
+    k = torch.arange(K, dtype=torch.float32, device=device)  # k - 1 for k = 1..K
+    if decay is not None:
+        return torch.exp(-k / decay)
+    return torch.full((K,), float(geometric), device=device) ** k
+
+
+def weighted_mean(values: Tensor, valid: Tensor, weights: Tensor) -> Tensor:
+    """``Σ w_k v · valid / Σ w_k valid`` over ``[B, A, K]``; 0 when nothing is valid."""
+    assert values.shape == valid.shape, f"{tuple(values.shape)} vs {tuple(valid.shape)}"
+    w = weights.to(values.device) * valid.float()  # [B, A, K]
+    return (values.float() * w).sum() / w.sum().clamp_min(1e-12)
+
+
+# -- per-slot terms ---------------------------------------------------------------------
+
+
+def cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
+    """``-log p_d(x*)`` per slot: logits ``[..., V]``, labels ``[...]`` → ``[...]`` (Eq. 9)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)  # [..., V]
+    return -logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+
+
+def soft_cross_entropy(logits: Tensor, target_logits: Tensor) -> Tensor:
+    """``-Σ_v p_t(v) log p_d(v)`` per slot (Eagle3): ``[..., V]`` → ``[...]``."""
+    logp = torch.log_softmax(logits.float(), dim=-1)  # [..., V]
+    p_t = torch.softmax(target_logits.float(), dim=-1)  # [..., V]
+    return -(p_t * logp).sum(dim=-1)
+
+
+def l1_distance(p_d: Tensor, p_t: Tensor) -> Tensor:
+    """``‖p_d - p_t‖₁`` per slot, in [0, 2] (Eq. 10; twice the total variation)."""
+    return (p_d.float() - p_t.float()).abs().sum(dim=-1)
+
+
+def soft_acceptance_label(p_d: Tensor, p_t: Tensor) -> Tensor:
+    """``c* = 1 - ½‖p_d - p_t‖₁``, the acceptance probability of a draft (Eq. 8), detached."""
+    return (1.0 - 0.5 * l1_distance(p_d, p_t)).detach()
+
+
+def binary_cross_entropy(confidence: Tensor, label: Tensor) -> Tensor:
+    """``-[c* log c + (1-c*) log(1-c)]`` per slot (Eq. 11), written out so autocast allows it."""
+    c = confidence.float().clamp(_EPS, 1.0 - _EPS)
+    return -(label * torch.log(c) + (1.0 - label) * torch.log1p(-c))
+
+
+# -- results --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DraftMetrics:
+    """How good the drafts are, from the training batch (SPEC §6), all detached.
+
+    ``acceptance[k]``: mean ``1 - ½‖p_d - p_t‖₁`` of slot k over supervised slots (the
+    expected conditional acceptance; NaN where no slot k was supervised).
+    ``expected_tau``: ``1 + Σ_k Π_{i≤k} acceptance[i]`` over the leading positions with data.
+    ``confidence_bias``: mean ``c - c*`` (positive = over-confident); None without a head.
+    """
+
+    acceptance: Tensor  # [K]
+    expected_tau: float
+    confidence_bias: float | None = None
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    """The objective (``loss``, with grad) and its detached terms (None = not used)."""
+
+    loss: Tensor  # scalar
+    ce: Tensor | None
+    tv: Tensor | None
+    conf: Tensor | None
+    soft_ce: Tensor | None
+    metrics: DraftMetrics
+
+
+def draft_metrics(p_d: Tensor, p_t: Tensor, valid: Tensor, confidences: Tensor | None = None) -> DraftMetrics:
+    """Per-position expected acceptance, expected τ and confidence bias (SPEC §6)."""
+    with torch.no_grad():
+        accept = soft_acceptance_label(p_d, p_t)  # [B, A, K]
+        v = valid.float()
+        count = v.flatten(0, -2).sum(0)  # [K]
+        per_pos = (accept * v).flatten(0, -2).sum(0) / count.clamp_min(1.0)  # [K]
+        per_pos = torch.where(count > 0, per_pos, torch.full_like(per_pos, math.nan))
+        has_data = ~per_pos.isnan()
+        leading = int(has_data.long().cumprod(0).sum())  # positions before the first gap
+        tau = 1.0 + float(per_pos[:leading].cumprod(0).sum()) if leading else 1.0
+        bias = None
+        if confidences is not None:
+            bias = float(((confidences.float() - accept) * v).sum() / v.sum().clamp_min(1.0))
+    return DraftMetrics(acceptance=per_pos, expected_tau=tau, confidence_bias=bias)
+
+
+def compute_loss(out: TrainOutput, objective: ObjectiveConfig) -> LossOutput:
+    """``L = ce·L_ce + tv·L_tv + conf·L_conf + soft_ce·L_soft_ce`` (paper Eq. 12).
+
+    The draft distribution is ``softmax(out.logits)`` (already Markov-corrected for
+    DSpark), the target distribution ``softmax(out.target_logits)``; both at
+    temperature 1.
+    """
+    B, A, K, V = out.logits.shape
+    assert out.target_logits.shape == (B, A, K, V), f"{tuple(out.target_logits.shape)} != {(B, A, K, V)}"
+    assert out.labels.shape == (B, A, K) and out.valid.shape == (B, A, K)
+    w = position_weights(K, decay=objective.decay, geometric=objective.geometric, device=out.logits.device)
+    valid = out.valid
+    p_d = torch.softmax(out.logits.float(), dim=-1)  # [B, A, K, V]
+    p_t = torch.softmax(out.target_logits.float(), dim=-1).detach()  # [B, A, K, V]
+
+    loss = out.logits.new_zeros((), dtype=torch.float32)
+    terms: dict[str, Tensor | None] = dict(ce=None, tv=None, conf=None, soft_ce=None)
+    if objective.ce > 0:
+        terms["ce"] = weighted_mean(cross_entropy(out.logits, out.labels), valid, w)
+        loss = loss + objective.ce * terms["ce"]
+    if objective.tv > 0:
+        terms["tv"] = weighted_mean(l1_distance(p_d, p_t), valid, w)
+        loss = loss + objective.tv * terms["tv"]
+    if objective.soft_ce > 0:
+        terms["soft_ce"] = weighted_mean(soft_cross_entropy(out.logits, out.target_logits), valid, w)
+        loss = loss + objective.soft_ce * terms["soft_ce"]
+    if objective.conf > 0:
+        if out.confidences is None:
+            raise ValueError("the objective has a confidence term but the drafter gave no confidences")
+        label = soft_acceptance_label(p_d, p_t)  # [B, A, K], detached
+        terms["conf"] = weighted_mean(binary_cross_entropy(out.confidences, label), valid, w)
+        loss = loss + objective.conf * terms["conf"]
+    detached = {name: (t.detach() if t is not None else None) for name, t in terms.items()}
+    return LossOutput(loss=loss, **detached, metrics=draft_metrics(p_d, p_t, valid, out.confidences))
+
+
+def drafter_loss(config, out: TrainOutput) -> LossOutput:
+    """The loss of any drafter, from its config's ``objective`` (no method-name branching)."""
+    return compute_loss(out, config.objective)

@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+from dspark.targets import TargetAdapter
+
+
+@pytest.fixture(scope="module")
+def long_qwen3() -> TargetAdapter:
+    """Random-init tiny Qwen3 with a 1024-token context, for 256+-token greedy runs."""
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=1024,
+        initializer_range=0.1,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    return TargetAdapter(Qwen3ForCausalLM(config).eval())
+
+
+def hf_greedy(target: TargetAdapter, prompt: list[int], n: int) -> list[int]:
+    """Plain HF greedy decoding of exactly n tokens (EOS ignored)."""
+    config = GenerationConfig(do_sample=False, max_new_tokens=n, eos_token_id=None, pad_token_id=0)
+    out = target.model.generate(torch.tensor([prompt]), generation_config=config)
+    assert out.shape[1] == len(prompt) + n
+    return out[0, len(prompt) :].tolist()
