@@ -188,11 +188,93 @@ def main_build_tiny_target(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- bench
+
+
+def _add_bench_decode(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--target", default=None, help="HF model folder or hub id (default: the embedded tiny target)"
+    )
+    p.add_argument(
+        "--bench",
+        default="code",
+        help="comma-separated prompt sets: built-in names (math, code, chat) or JSONL paths",
+    )
+    p.add_argument("--limit", type=_positive_int, default=20, help="prompts per set")
+    p.add_argument("--drafters", default="none,ngram", help="comma-separated drafters to compare")
+    p.add_argument("--max-tokens", type=_positive_int, default=128, help="tokens per answer")
+    p.add_argument("--block-size", type=_positive_int, default=7, help="most drafts per round (γ)")
+    p.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate")
+    p.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+
+
+def main_bench_decode(args: argparse.Namespace) -> int:
+    """Batch-1 greedy tokens/s of HF generate vs our loop with each drafter, as ratios from one run."""
+    from dspark.data.prompts import load_prompts
+    from dspark.drafters.registry import build_drafter
+    from dspark.eval.decode_bench import bench_decode, verify_cost_ratio
+    from dspark.presets.tiny import resolve_target
+    from dspark.targets import TargetAdapter
+
+    target = TargetAdapter.from_pretrained(resolve_target(args.target))
+    drafters = {name: build_drafter(name, target) for name in args.drafters.split(",")}
+    out = []
+    for bench in args.bench.split(","):
+        prompts = load_prompts(bench, args.limit)
+        result = bench_decode(
+            target,
+            prompts,
+            drafters,
+            max_tokens=args.max_tokens,
+            block_size=args.block_size,
+            include_hf=not args.no_hf,
+        )
+        out += [{"bench": bench, **row} for row in result.rows()]
+    ratio = verify_cost_ratio(target, k=8)
+    if args.json:
+        print(json.dumps({"rows": out, "verify8_over_decode1": ratio}, indent=2))
+    else:
+        print(f"{'bench':<24}{'method':<14}{'tok/s':>9}{'tau':>7}{'speedup':>9}  identical")
+        for r in out:
+            print(
+                f"{r['bench'][-24:]:<24}{r['method']:<14}{r['tokens_per_s']:>9.1f}{r['tau']:>7.2f}"
+                f"{r['speedup']:>9.3f}  {r['identical_to_baseline']}"
+            )
+        print(f"verify 8 tokens / decode 1 token: {ratio:.2f}x")
+    return 0
+
+
+def _add_bench_target(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--target", default=None, help="HF model folder or hub id (default: the embedded tiny target)"
+    )
+    p.add_argument("--limit", type=_positive_int, default=40, help="prompts per built-in domain")
+    p.add_argument("--max-tokens", type=_positive_int, default=384, help="tokens per answer")
+    p.add_argument("--samples", type=int, default=3, help="sample answers to print per domain")
+
+
+def main_bench_target(args: argparse.Namespace) -> int:
+    """How structured the target's greedy answers are on the built-in math/code/chat prompts."""
+    from dspark.eval.target_report import target_report
+    from dspark.presets.tiny import resolve_target
+    from dspark.targets import TargetAdapter
+
+    target = TargetAdapter.from_pretrained(resolve_target(args.target))
+    reports = target_report(target, limit=args.limit, max_tokens=args.max_tokens, samples=args.samples)
+    print(json.dumps([r.as_dict() for r in reports], indent=2))
+    for r in reports:
+        for prompt, answer in r.samples:
+            print(f"\n### {r.domain}\n**Prompt:** {prompt}\n\n**Answer:**\n{answer}")
+    return 0
+
+
 # ----------------------------------------------------------------------------- the table
 
 COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "generate": (_add_generate, main_generate),
     "build-tiny-target": (_add_build_tiny, main_build_tiny_target),
+    "bench decode": (_add_bench_decode, main_bench_decode),
+    "bench target": (_add_bench_target, main_bench_target),
 }
 
 
@@ -202,9 +284,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    groups: dict[str, argparse._SubParsersAction] = {}
     for name, (add_args, fn) in COMMANDS.items():
         doc = (fn.__doc__ or "").strip()
-        p = sub.add_parser(name, help=doc.splitlines()[0] if doc else None, description=doc)
+        group, _, verb = name.rpartition(" ")
+        if group and group not in groups:  # "bench decode" → `dspark bench decode`
+            gp = sub.add_parser(group, help=f"{group} subcommands")
+            groups[group] = gp.add_subparsers(dest=f"{group}_command", required=True, metavar="SUBCOMMAND")
+        p = (groups[group] if group else sub).add_parser(
+            verb, help=doc.splitlines()[0] if doc else None, description=doc
+        )
         add_args(p)
         p.set_defaults(_fn=fn)
     return parser

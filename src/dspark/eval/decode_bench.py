@@ -1,0 +1,144 @@
+"""Batch-1 decoding benchmark: HF ``generate`` vs our loop, with and without drafters.
+
+Every method decodes the same prompts greedily in the same process, interleaved prompt
+by prompt so that machine noise hits all of them alike; the figures that matter are the
+ratios. Greedy outputs must be identical across methods (losslessness), and the report
+says so.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tqdm import tqdm
+from transformers import GenerationConfig
+
+from dspark.data.prompts import Prompt
+from dspark.decoding import speculative_generate
+from dspark.protocols import Drafter, SamplingParams
+from dspark.targets import TargetAdapter
+
+HF_METHOD = "hf-generate"
+
+
+@dataclass
+class MethodStats:
+    tokens: int = 0
+    seconds: float = 0.0
+    rounds: int = 0
+    accepted: int = 0
+    outputs: list[list[int]] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def tau(self) -> float:
+        """Tokens per round, bonus included (SPEC §2); 0 for HF generate (no rounds)."""
+        return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
+
+
+@dataclass
+class DecodeBenchResult:
+    methods: dict[str, MethodStats]
+    baseline: str  # method the speedups are relative to
+
+    def speedup(self, method: str) -> float:
+        return self.methods[method].tokens_per_s / self.methods[self.baseline].tokens_per_s
+
+    def identical_outputs(self, method: str) -> bool:
+        return self.methods[method].outputs == self.methods[self.baseline].outputs
+
+    def rows(self) -> list[dict]:
+        return [
+            {
+                "method": name,
+                "tokens": s.tokens,
+                "seconds": round(s.seconds, 3),
+                "tokens_per_s": round(s.tokens_per_s, 2),
+                "tau": round(s.tau, 3),
+                "speedup": round(self.speedup(name), 3),
+                "identical_to_baseline": self.identical_outputs(name),
+            }
+            for name, s in self.methods.items()
+        ]
+
+
+def chat_prompt_ids(target: TargetAdapter, prompt: Prompt) -> list[int]:
+    """The first user turn through the target's own chat template (SPEC §7.4)."""
+    messages = [{"role": "user", "content": prompt.turns[0]}]
+    encoded = target.tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=True
+    )
+    return list(encoded["input_ids"])
+
+
+def _hf_generate(target: TargetAdapter, ids: list[int], max_tokens: int) -> list[int]:
+    config = GenerationConfig(
+        do_sample=False,
+        max_new_tokens=max_tokens,
+        eos_token_id=list(target.eos_token_ids),
+        pad_token_id=target.tokenizer.pad_token_id if target.tokenizer else 0,
+    )
+    out = target.model.generate(torch.tensor([ids], device=target.device), generation_config=config)
+    return out[0, len(ids) :].tolist()
+
+
+def bench_decode(
+    target: TargetAdapter,
+    prompts: list[Prompt],
+    drafters: dict[str, Drafter | None],
+    *,
+    max_tokens: int = 128,
+    block_size: int = 7,
+    include_hf: bool = True,
+    baseline: str | None = None,
+) -> DecodeBenchResult:
+    """Decode every prompt greedily with each method; see the module docstring."""
+    names = ([HF_METHOD] if include_hf else []) + list(drafters)
+    stats = {name: MethodStats() for name in names}
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    for prompt in tqdm(prompts, desc="decode bench", unit="prompt"):
+        ids = chat_prompt_ids(target, prompt)
+        for name in names:
+            started = time.perf_counter()
+            if name == HF_METHOD:
+                out, rounds, accepted = _hf_generate(target, ids, max_tokens), 0, 0
+            else:
+                result = speculative_generate(target, drafters[name], ids, params, block_size=block_size)
+                out = result.token_ids
+                rounds, accepted = len(result.rounds), sum(r.accepted for r in result.rounds)
+            s = stats[name]
+            s.seconds += time.perf_counter() - started
+            s.tokens += len(out)
+            s.rounds += rounds
+            s.accepted += accepted
+            s.outputs.append(out)
+    return DecodeBenchResult(stats, baseline or names[0])
+
+
+def verify_cost_ratio(target: TargetAdapter, *, context: int = 256, k: int = 8, repeats: int = 30) -> float:
+    """Time of a k-token verification forward over the time of a 1-token decode step.
+
+    Both run after a ``context``-token prefill, rolling back after each call; the
+    median of ``repeats`` timings each. The batch-1 speedup ceiling is about
+    (k) / ratio for a perfect drafter.
+    """
+    cache = target.new_cache()
+    ids = torch.randint(0, target.vocab_size, (1, context + k), device=target.device)
+    target.forward(ids[:, :context], cache, with_features=False)
+
+    def timed(n: int) -> float:
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            target.forward(ids[:, context : context + n], cache, with_features=False)
+            times.append(time.perf_counter() - started)
+            target.rollback(cache, context)
+        return sorted(times)[len(times) // 2]
+
+    timed(1), timed(k)  # warm-up
+    return timed(k) / timed(1)

@@ -1,0 +1,38 @@
+import numpy as np
+import torch
+
+from dspark.drafters.ngram import NgramConfig, NgramDrafter, lookup
+from dspark.protocols import SamplingParams, SequenceState
+
+
+def test_lookup_prefers_longest_then_most_recent_match():
+    #              0  1  2  3  4  5  6  7  8  9
+    seq = np.array([5, 6, 7, 1, 6, 7, 2, 9, 6, 7])
+    # suffix (6, 7) occurs at 1 and 4; the most recent earlier one (4) is followed by 2, 9
+    assert lookup(seq, 3, 1, 4) == [2, 9, 6]
+    seq2 = np.array([1, 6, 7, 3, 5, 6, 7, 4, 5, 6, 7])
+    # (5, 6, 7) matches at 4 (longer than the (6, 7) match at 1): continuation 4, 5
+    assert lookup(seq2, 2, 1, 4) == [4, 5]
+
+
+def test_lookup_nothing_to_find():
+    assert lookup(np.array([1, 2, 3, 4]), 5, 1, 3) == []
+    assert lookup(np.array([7]), 5, 1, 3) == []
+
+
+def test_lookup_respects_min_n():
+    seq = np.array([1, 2, 9, 3, 2])
+    assert lookup(seq, 2, 1, 3) == [9, 3]
+    assert lookup(seq, 2, 2, 3) == []
+
+
+def test_propose_one_hot_block():
+    drafter = NgramDrafter(16, NgramConfig(block_size=4))
+    state = SequenceState(0, [1, 2, 3, 4, 1, 2], prompt_len=6)
+    empty = SequenceState(1, [1, 2, 3], prompt_len=3)
+    block = drafter.propose([state, empty], 7, [SamplingParams()] * 2)
+    assert block.tokens.shape == (2, 4)
+    assert block.lengths.tolist() == [4, 0]
+    assert block.tokens[0].tolist() == [3, 4, 1, 2]
+    assert torch.equal(block.probs[0].argmax(-1), block.tokens[0])
+    assert torch.allclose(block.probs.sum(-1), torch.ones(2, 4))
