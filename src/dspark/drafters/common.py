@@ -49,7 +49,9 @@ class DecoderDims:
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+            raise ValueError(
+                f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}"
+            )
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
 
@@ -209,7 +211,13 @@ class DraftDecoderLayer(nn.Module):
         return self.self_attn.project_kv(h_ctx, cos, sin)
 
     def forward(
-        self, h: Tensor, cos: Tensor, sin: Tensor, ctx_k: Tensor | None, ctx_v: Tensor | None, mask: Tensor | None
+        self,
+        h: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        ctx_k: Tensor | None,
+        ctx_v: Tensor | None,
+        mask: Tensor | None,
     ) -> Tensor:
         """Block hidden states ``[B, T, H]`` → ``[B, T, H]``."""
         attn, _, _ = self.self_attn(self.input_layernorm(h), cos, sin, ctx_k, ctx_v, mask)
@@ -262,7 +270,9 @@ def resolve_target_fields(config, target):
             if mask_id is None:
                 raise ValueError("mask_token_id is not set and the target's tokenizer has no mask token")
         if not 0 <= mask_id < target.vocab_size:
-            raise ValueError(f"mask_token_id {mask_id} is outside the target vocabulary of {target.vocab_size}")
+            raise ValueError(
+                f"mask_token_id {mask_id} is outside the target vocabulary of {target.vocab_size}"
+            )
         changes["mask_token_id"] = int(mask_id)
     return dataclasses.replace(config, **changes)
 
@@ -328,7 +338,7 @@ class DrafterCache:
 
 
 def batch_context(caches: list[ContextKV]) -> tuple[Tensor, Tensor]:
-    """Stack R requests' context K/V, right-padded: ``[n_layers, 2, R, nkv, Cmax, hd]`` and lengths ``[R]``."""
+    """R requests' context K/V right-padded, ``[n_layers, 2, R, nkv, Cmax, hd]``, and lengths ``[R]``."""
     views = [c.view() for c in caches]
     if len(views) == 1:
         return views[0].unsqueeze(2), torch.tensor([caches[0].length], device=views[0].device)
@@ -385,7 +395,6 @@ def assert_states(states, max_len: int, sampling) -> None:
                 f"request {s.request_id}: {n_feat} feature rows for {len(s.token_ids)} tokens "
                 "(need one per token except the anchor)"
             )
-
 
 
 def build_from_target(cls, target, config):

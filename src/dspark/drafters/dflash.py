@@ -57,7 +57,9 @@ class DFlashConfig:
 
     def __post_init__(self) -> None:
         if self.num_layers < 1 or self.block_size < 1:
-            raise ValueError(f"num_layers and block_size must be >= 1, got {self.num_layers}, {self.block_size}")
+            raise ValueError(
+                f"num_layers and block_size must be >= 1, got {self.num_layers}, {self.block_size}"
+            )
 
 
 class DFlashBackbone(nn.Module):
@@ -190,7 +192,9 @@ class DFlashBackbone(nn.Module):
             h = layer(h, cos, sin, kv[i, 0], kv[i, 1], mask)
         return self.norm(h)
 
-    def prepare(self, states: list[SequenceState], sampling: list[SamplingParams]) -> list[torch.Generator | None]:
+    def prepare(
+        self, states: list[SequenceState], sampling: list[SamplingParams]
+    ) -> list[torch.Generator | None]:
         """Create missing caches, absorb new features; returns the per-request generators."""
         for state, params in zip(states, sampling):
             self._cache(state, params)
@@ -240,7 +244,9 @@ class DFlashDrafter(DFlashBackbone):
         return compute_loss(out, self.config.objective)
 
     @torch.no_grad()
-    def propose(self, states: list[SequenceState], max_len: int, sampling: list[SamplingParams]) -> DraftBlock:
+    def propose(
+        self, states: list[SequenceState], max_len: int, sampling: list[SamplingParams]
+    ) -> DraftBlock:
         """One forward; ``min(max_len, γ)`` drafts per request from the processed slot distributions."""
         assert_states(states, max_len, sampling)
         K = min(max_len, self.block_size)

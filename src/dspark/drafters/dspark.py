@@ -50,7 +50,9 @@ class DSparkConfig:
 
     def __post_init__(self) -> None:
         if self.num_layers < 1 or self.block_size < 1:
-            raise ValueError(f"num_layers and block_size must be >= 1, got {self.num_layers}, {self.block_size}")
+            raise ValueError(
+                f"num_layers and block_size must be >= 1, got {self.num_layers}, {self.block_size}"
+            )
         if self.markov_rank < 0:
             raise ValueError(f"markov_rank must be >= 0, got {self.markov_rank}")
         if self.markov_head_type not in MARKOV_HEAD_TYPES:
@@ -100,8 +102,10 @@ class DSparkDrafter(DFlashBackbone):
         h = self.block_hidden_train(batch, layout)  # [B, A, K, H]
         logits = self.logits(h)  # [B, A, K, V]: base logits U_k
         B, A, K = layout.positions.shape
-        # Slot k sits at position a + k, whose ground-truth token is x_{k-1} (slot 0: the anchor).
-        prev = batch.input_ids.gather(1, layout.positions.view(B, A * K)).view(B, A, K)  # [B, A, K]
+        # Slot k sits at position a + k, whose ground-truth token is x_{k-1} (slot 0: the anchor);
+        # slots past the end are invalid, any index will do.
+        at = layout.positions.view(B, A * K).clamp_max(batch.input_ids.shape[1] - 1)  # [B, A*K]
+        prev = batch.input_ids.gather(1, at).view(B, A, K)  # [B, A, K]
         markov_emb = None
         if self.markov_head is not None:
             bias, markov_emb = self.markov_head.teacher_forced(prev, h)  # [B, A, K, V], [B, A, K, r]
@@ -123,7 +127,9 @@ class DSparkDrafter(DFlashBackbone):
     # -- inference ---------------------------------------------------------------------------
 
     @torch.no_grad()
-    def propose(self, states: list[SequenceState], max_len: int, sampling: list[SamplingParams]) -> DraftBlock:
+    def propose(
+        self, states: list[SequenceState], max_len: int, sampling: list[SamplingParams]
+    ) -> DraftBlock:
         """One backbone forward, then sample ``x_1..x_K`` left to right from ``softmax(U_k + B_k)``."""
         assert_states(states, max_len, sampling)
         K = min(max_len, self.block_size)
@@ -151,7 +157,9 @@ class DSparkDrafter(DFlashBackbone):
             prev = x_k
         confidences = None
         if conf_logits:
-            scaled = scale_confidence_logits(torch.stack(conf_logits, dim=-1).float(), self.config.sts_temperatures)
+            scaled = scale_confidence_logits(
+                torch.stack(conf_logits, dim=-1).float(), self.config.sts_temperatures
+            )
             confidences = torch.sigmoid(scaled)  # [R, K]
         return DraftBlock(
             tokens=torch.stack(tokens, dim=-1),  # [R, K]

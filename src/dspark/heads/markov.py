@@ -43,4 +43,3 @@ class MarkovHead(nn.Module):
         """All slots at once given ground-truth previous tokens ``[B, A, K]`` → bias ``[B, A, K, V]``, emb."""
         emb = self.embed(prev)  # [B, A, K, r]
         return self.markov_w2(emb), emb
-

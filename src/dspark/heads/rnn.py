@@ -39,7 +39,7 @@ class RNNHead(nn.Module):
         return like.new_zeros(R, self.rank)
 
     def step(self, prev: Tensor, h: Tensor, state: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """prev ``[N]``, h ``[N, H]``, s_{k-1} ``[N, r]`` → bias ``[N, V]``, emb ``[N, r]``, s_k ``[N, r]``."""
+        """prev ``[N]``, h ``[N, H]``, s_{k-1} ``[N, r]`` → bias ``[N, V]``, emb, s_k ``[N, r]``."""
         emb = self.embed(prev)  # [N, r]
         z = torch.cat([state, emb, h.to(emb.dtype)], dim=-1)  # [N, 2r+H]
         g, c, o = self.rnn_proj(z).chunk(3, dim=-1)  # 3 x [N, r]

@@ -35,9 +35,7 @@ def eligible_anchors(loss_mask: Tensor) -> Tensor:
     return eligible
 
 
-def sample_anchors(
-    loss_mask: Tensor, num_anchors: int, generator: torch.Generator | None = None
-) -> Tensor:
+def sample_anchors(loss_mask: Tensor, num_anchors: int, generator: torch.Generator | None = None) -> Tensor:
     """Sample up to ``num_anchors`` distinct eligible anchors per sequence: ``[B, A]`` long.
 
     Each row holds its anchors in ascending order, then ``-1`` padding. ``A`` is the

@@ -1,0 +1,266 @@
+"""Eagle3: an autoregressive drafter trained with training-time test (SPEC §5.2).
+
+Entries and positions. Entry ``p`` pairs token ``x_p`` with a hidden state of position
+``p - 1``: the fused target features ``g_{p-1} = fc([H^(l1); …; H^(lm)])`` for committed
+tokens, or the drafter's own output for drafted ones. The single decoder layer reads
+``[input_layernorm(embed(x_p)) ; hidden_norm(h_{p-1})]`` (width 2H) and its output at
+entry p predicts ``x_{p+1}`` through ``lm_head(norm(·))``.
+
+Inference (chain drafting, one forward per draft): step 1 is the anchor's entry
+``(x_a, g_{a-1})`` at position a; step k ≥ 2 is ``(x_{a+k-1}, h^{(k-1)})`` at position
+``a+k-1``, fed the previous step's output. Every step attends to the cached entries of
+the committed context (positions 1..a-1), the steps before it, and itself. Context
+entries depend only on committed tokens and features, so the cache grows each round
+and never holds drafts.
+
+Training-time test: the same chains, rooted at A anchors per sequence, for γ steps with
+teacher-forced tokens; step k's loss weight is ``0.8^k`` against the full target
+distribution (soft cross-entropy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from dspark.drafters.common import (
+    ContextKV,
+    DecoderDims,
+    DraftAttention,
+    DrafterCache,
+    RMSNorm,
+    SwiGLU,
+    assert_states,
+    batch_context,
+    build_from_target,
+    fuse_features,
+    init_weights,
+    lm_logits,
+    padded_context_mask,
+    request_generator,
+    rope_cos_sin,
+    sample_tokens,
+)
+from dspark.protocols import DraftBlock, SamplingParams, SequenceState, TrainBatch, TrainOutput
+from dspark.sampling.probs import batch_probs
+from dspark.training.blocks import batch_layout, chain_attention_mask
+from dspark.training.losses import LossOutput, ObjectiveConfig, compute_loss, eagle3_objective
+
+
+@dataclass(frozen=True, kw_only=True)
+class Eagle3Config:
+    """An Eagle3 drafter (one decoder layer, full target vocabulary)."""
+
+    block_size: int = 7  # drafts per round = training-time-test length
+    target_layer_ids: tuple[int, ...] | None = None  # None = the target adapter's
+    objective: ObjectiveConfig = field(default_factory=eagle3_objective)
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+
+
+class Eagle3Layer(nn.Module):
+    """The decoder layer over ``[norm(embed(x)) ; norm(h)]``; residual stream = h."""
+
+    def __init__(self, dims: DecoderDims) -> None:
+        super().__init__()
+        H = dims.hidden_size
+        self.hidden_norm = RMSNorm(H, dims.rms_norm_eps)
+        self.input_layernorm = RMSNorm(H, dims.rms_norm_eps)
+        self.self_attn = DraftAttention(dims, 2 * H, qk_norm=False)
+        self.post_attention_layernorm = RMSNorm(H, dims.rms_norm_eps)
+        self.mlp = SwiGLU(H, dims.intermediate_size)
+
+    def entry_input(self, emb: Tensor, h: Tensor) -> Tensor:
+        """``[input_layernorm(e) ; hidden_norm(h)]``: ``[..., H] x 2 → [..., 2H]``."""
+        return torch.cat([self.input_layernorm(emb), self.hidden_norm(h)], dim=-1)
+
+    def forward(
+        self,
+        emb: Tensor,
+        h: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        ctx_k: Tensor | None,
+        ctx_v: Tensor | None,
+        mask: Tensor | None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Entries ``(emb, h)`` ``[B, T, H]`` → outputs ``[B, T, H]`` and their k, v ``[B, nkv, T, hd]``."""
+        attn, k, v = self.self_attn(self.entry_input(emb, h), cos, sin, ctx_k, ctx_v, mask)
+        out = h + attn
+        return out + self.mlp(self.post_attention_layernorm(out)), k, v
+
+
+class Eagle3Drafter(nn.Module):
+    """Eagle3; attribute names give the keys of SPEC §5.4 (``layers.0.hidden_norm`` etc.)."""
+
+    def __init__(self, config: Eagle3Config, dims: DecoderDims) -> None:
+        super().__init__()
+        if config.target_layer_ids is None:
+            raise ValueError("target_layer_ids must be set (from_target fills it)")
+        self.config = config
+        self.dims = dims
+        self.block_size = config.block_size
+        self.target_layer_ids = tuple(config.target_layer_ids)
+        H, V, L = dims.hidden_size, dims.vocab_size, len(self.target_layer_ids)
+        self.embed_tokens = nn.Embedding(V, H)
+        self.fc = nn.Linear(L * H, H, bias=False)
+        self.layers = nn.ModuleList([Eagle3Layer(dims)])
+        self.norm = RMSNorm(H, dims.rms_norm_eps)
+        self.lm_head = nn.Linear(H, V, bias=False)
+        init_weights(self, dims.initializer_range)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.lm_head.weight.requires_grad_(False)
+
+    @classmethod
+    def from_target(cls, target, config: Eagle3Config) -> Eagle3Drafter:
+        """A randomly initialised drafter for ``target`` sharing its (frozen) embedding and LM head."""
+        return build_from_target(cls, target, config)
+
+    @property
+    def layer(self) -> Eagle3Layer:
+        return self.layers[0]
+
+    def embed(self, ids: Tensor) -> Tensor:
+        e = self.embed_tokens(ids)
+        return e * self.dims.embed_scale if self.dims.embed_scale != 1.0 else e
+
+    def logits(self, h: Tensor) -> Tensor:
+        """``lm_head(norm(h))`` fp32: ``[..., H] → [..., V]``."""
+        return lm_logits(self.lm_head, self.norm(h), self.dims.logit_softcap)
+
+    def _rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        return rope_cos_sin(positions, self.dims.head_dim, self.dims.rope_theta)
+
+    # -- training ----------------------------------------------------------------------------
+
+    def forward_train(self, batch: TrainBatch) -> TrainOutput:
+        """Training-time test: γ chained steps from each anchor, teacher-forced tokens (SPEC §5.2)."""
+        layout = batch_layout(batch, self.block_size)
+        ids = batch.input_ids
+        B, T = ids.shape
+        A, K, H = layout.anchors.shape[1], self.block_size, self.dims.hidden_size
+        g = fuse_features(self.fc, batch.features)  # [B, T, H]
+        # First-pass entries p = 1..T-1 (entry index t = p - 1): token x_p with g_{p-1}.
+        C = T - 1
+        cos_c, sin_c = self._rope(torch.arange(1, T, device=ids.device).expand(B, C))  # [B, C, hd]
+        x_ctx = self.layer.entry_input(self.embed(ids[:, 1:]).to(g.dtype), g[:, :-1])  # [B, C, 2H]
+        ctx_k, ctx_v = self.layer.self_attn.project_kv(x_ctx, cos_c, sin_c)  # [B, nkv, C, hd]
+
+        anchors = layout.anchors  # [B, A]; a chain needs g_{a-1}, so anchor 0 is unusable
+        root = anchors.clamp_min(1)  # [B, A]
+        h = g.gather(1, (root - 1).unsqueeze(-1).expand(B, A, H))  # [B, A, H]: g_{a-1}
+        keys, values, outputs = [ctx_k], [ctx_v], []
+        for k in range(K):
+            tok = ids.gather(1, (root + k).clamp_max(T - 1))  # [B, A]: x_{a+k}, teacher-forced
+            cos, sin = self._rope(root + k)  # [B, A, hd]
+            # Step 0 is the anchor's own first-pass entry: it sees the entries before it
+            # (t < a-1) and itself; later steps see the context up to the anchor (t < a),
+            # the earlier steps of their own chain and themselves.
+            boundary = anchors - 1 if k == 0 else anchors  # [B, A]; padding (-1) stays below 0
+            mask = chain_attention_mask(boundary, C, len(keys))  # [B, 1, A, C + len(keys)*A], last A = own
+            h, k_new, v_new = self.layer(
+                self.embed(tok).to(g.dtype), h, cos, sin, torch.cat(keys, 2), torch.cat(values, 2), mask
+            )
+            if k > 0:  # step 0's keys are already the anchor's first-pass entry
+                keys.append(k_new)
+                values.append(v_new)
+            outputs.append(h)
+        hidden = torch.stack(outputs, dim=2)  # [B, A, K, H]
+        return TrainOutput(
+            logits=self.logits(hidden),
+            labels=layout.labels,
+            target_logits=self._target_logits(batch, layout.positions),
+            valid=layout.valid & (anchors >= 1).unsqueeze(-1),
+        )
+
+    def _target_logits(self, batch: TrainBatch, positions: Tensor) -> Tensor:
+        B, A, K = positions.shape
+        H = batch.target_hidden.shape[-1]
+        idx = positions.view(B, A * K, 1).clamp_max(batch.target_hidden.shape[1] - 1).expand(-1, -1, H)
+        hidden = batch.target_hidden.gather(1, idx).view(B, A, K, H)  # final-normed already
+        return lm_logits(self.lm_head, hidden.to(self.lm_head.weight.dtype), self.dims.logit_softcap)
+
+    def loss(self, out: TrainOutput) -> LossOutput:
+        return compute_loss(out, self.config.objective)
+
+    # -- inference ---------------------------------------------------------------------------
+
+    def _cache(self, state: SequenceState, params: SamplingParams) -> DrafterCache:
+        if state.drafter_cache is None:
+            w = self.fc.weight
+            context = ContextKV(1, self.dims.num_kv_heads, self.dims.head_dim, dtype=w.dtype, device=w.device)
+            state.drafter_cache = DrafterCache(context=context, generator=request_generator(params, w.device))
+        return state.drafter_cache
+
+    @torch.no_grad()
+    def sync_context(self, state: SequenceState) -> None:
+        """Cache the first-pass entries of positions 1..a-1 (everything before the anchor a)."""
+        context = state.drafter_cache.context
+        start, end = context.length + 1, len(state.token_ids) - 1  # positions [start, end)
+        if start >= end:
+            return
+        w = self.fc.weight
+        ids = torch.tensor(state.token_ids[start:end], device=w.device).unsqueeze(0)  # [1, n]
+        g = fuse_features(self.fc, state.features[start - 1 : end - 1].to(w.device)).unsqueeze(0)  # [1, n, H]
+        cos, sin = self._rope(torch.arange(start, end, device=w.device).unsqueeze(0))  # [1, n, hd]
+        k, v = self.layer.self_attn.project_kv(
+            self.layer.entry_input(self.embed(ids).to(g.dtype), g), cos, sin
+        )
+        context.append(torch.stack([k, v]).squeeze(1).unsqueeze(0))  # [1, 2, nkv, n, hd]
+
+    def update(self, state: SequenceState, num_accepted: int, new_features: Tensor | None) -> None:
+        """Absorb a verified round; ``state.features`` already holds the new features."""
+        if state.drafter_cache is not None:
+            self.sync_context(state)
+
+    @torch.no_grad()
+    def propose(
+        self, states: list[SequenceState], max_len: int, sampling: list[SamplingParams]
+    ) -> DraftBlock:
+        """Chain drafting: ``min(max_len, γ)`` forwards of the layer, each sampling one token."""
+        assert_states(states, max_len, sampling)
+        K = min(max_len, self.block_size)
+        R = len(states)
+        if K == 0 or R == 0:
+            return DraftBlock.empty(R, self.dims.vocab_size)
+        if min(len(s.token_ids) for s in states) < 2:
+            raise ValueError("Eagle3 needs one committed token before the anchor")
+        for state, params in zip(states, sampling):
+            self._cache(state, params)
+            self.sync_context(state)
+        generators = [s.drafter_cache.generator for s in states]
+        kv, lengths = batch_context([s.drafter_cache.context for s in states])  # [1, 2, R, nkv, C, hd]
+        device = kv.device
+        anchor_pos = torch.tensor([len(s.token_ids) - 1 for s in states], device=device)  # [R]
+        tok = torch.tensor([s.token_ids[-1] for s in states], device=device)  # [R]
+        feats = torch.stack([s.features[len(s.token_ids) - 2] for s in states]).to(device)  # [R, L, H]
+        h = fuse_features(self.fc, feats).unsqueeze(1)  # [R, 1, H]: g_{a-1}
+        keys, values = [kv[0, 0]], [kv[0, 1]]
+        tokens, probs = [], []
+        for k in range(K):
+            cos, sin = self._rope((anchor_pos + k).unsqueeze(-1))  # [R, 1, hd]
+            mask = padded_context_mask(lengths, kv.shape[4], 1, k + 1)  # own chain + itself
+            h, k_new, v_new = self.layer(
+                self.embed(tok).unsqueeze(1).to(h.dtype),
+                h,
+                cos,
+                sin,
+                torch.cat(keys, 2),
+                torch.cat(values, 2),
+                mask,
+            )
+            keys.append(k_new)
+            values.append(v_new)
+            p_k = batch_probs(self.logits(h), sampling).squeeze(1)  # [R, V]
+            tok = sample_tokens(p_k, sampling, generators)  # [R]
+            tokens.append(tok)
+            probs.append(p_k)
+        return DraftBlock(
+            tokens=torch.stack(tokens, dim=-1),  # [R, K]
+            lengths=torch.full((R,), K, dtype=torch.long, device=device),
+            probs=torch.stack(probs, dim=1),  # [R, K, V]
+        )
