@@ -1,0 +1,74 @@
+"""Online target features: the frozen target runs inside the training step (SPEC §7.3).
+
+One no-grad forward of the target over a padded micro-batch gives the raw outputs of
+the drafter's feature layers and the final-normed last hidden state, which is all a
+drafter needs (the target distribution at any position is ``lm_head`` of the latter;
+V-sized logits are never kept). Right padding is harmless: attention is causal, so the
+real tokens never see it, and it is never supervised.
+
+Anchors are sampled here with :func:`dspark.training.blocks.sample_anchors` from a
+generator seeded by (seed, step, chunk), so they are a pure function of where the
+micro-batch sits in the run: resuming or changing the number of processes draws the
+same anchors, and there is no generator state to checkpoint.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from dspark.errors import DsparkError
+from dspark.protocols import TrainBatch
+from dspark.training.blocks import sample_anchors
+
+
+def check_feature_layers(target, drafter_layer_ids) -> None:
+    """The target adapter must produce exactly the layers the drafter reads."""
+    if tuple(drafter_layer_ids) != tuple(target.target_layer_ids):
+        raise DsparkError(
+            f"the drafter reads target layers {tuple(drafter_layer_ids)} but the target adapter "
+            f"produces {tuple(target.target_layer_ids)}; load the target with target_layer_ids="
+            f"{list(drafter_layer_ids)}"
+        )
+
+
+def anchor_generator(seed: int, step: int, chunk: int) -> torch.Generator:
+    """The CPU generator of the anchors of micro-batch ``chunk`` of optimizer step ``step``."""
+    state = np.random.SeedSequence([seed, step, chunk]).generate_state(2, dtype=np.uint32)
+    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+
+
+@torch.no_grad()
+def target_batch(
+    target,
+    input_ids: Tensor,
+    loss_mask: Tensor,
+    *,
+    num_anchors: int | None,
+    generator: torch.Generator | None = None,
+    device: torch.device | None = None,
+    dtype: torch.dtype | None = None,
+) -> TrainBatch:
+    """A :class:`TrainBatch` for ``input_ids [B, T]`` with the target's features, on ``device``.
+
+    ``num_anchors=None`` leaves the anchors to the drafter (every eligible position);
+    ``dtype`` casts the features and hidden states (default: the target's dtype).
+    """
+    assert input_ids.shape == loss_mask.shape and input_ids.dim() == 2, (
+        f"input_ids {tuple(input_ids.shape)} vs loss_mask {tuple(loss_mask.shape)}"
+    )
+    device = device if device is not None else target.device
+    out = target.forward(input_ids.to(target.device), target.new_cache(), with_features=True)
+    if out.features is None:
+        raise DsparkError("the target adapter has no feature layers (target_layer_ids is empty)")
+    anchors = None
+    if num_anchors is not None:
+        anchors = sample_anchors(loss_mask.cpu(), num_anchors, generator).to(device)  # [B, A]
+    return TrainBatch(
+        input_ids=input_ids.to(device),
+        loss_mask=loss_mask.to(device),
+        features=out.features.to(device, dtype),  # [B, T, L, H]
+        target_hidden=out.hidden.to(device, dtype),  # [B, T, H]
+        anchors=anchors,
+    )
