@@ -1,0 +1,170 @@
+"""Drafters as Hugging Face model folders in DeepSpec's layout (SPEC §5.4).
+
+``config.json`` = the target's config + the drafter fields DeepSpec, vLLM and SGLang
+read (``block_size``, ``num_target_layers``, ``target_layer_ids``, ``mask_token_id``,
+``markov_rank``, ``markov_head_type``, ``enable_confidence_head``,
+``confidence_head_with_markov``, ``num_hidden_layers`` = draft layers,
+``architectures``) + ours (``dspark_method``, ``sts_temperatures``);
+``model.safetensors`` = ``drafter.state_dict()`` with no prefix.
+
+Loading validates every field against the target and fails loudly on a missing or
+unexpected key or a shape mismatch — never a silent skip or zero-fill: silent
+block-size and LM-head mismatches are the most reported cause of collapsed acceptance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from dspark.drafters.kinds import DrafterKind, kind_of_config, kind_of_folder_config
+from dspark.errors import DsparkError
+from dspark.targets import TargetAdapter, validate_layer_ids
+
+log = logging.getLogger(__name__)
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+# Drafter config fields written at the top level of config.json (target fields stay beside them).
+_TARGET_FIELDS_CHECKED = ("vocab_size", "hidden_size")
+
+
+class DrafterLoadError(DsparkError):
+    """A drafter folder that does not fit the target, or is incomplete or corrupt."""
+
+
+def drafter_config_json(drafter: nn.Module, target: TargetAdapter) -> dict[str, Any]:
+    """The full ``config.json`` of ``drafter`` for ``target`` (SPEC §5.4)."""
+    kind = kind_of_config(drafter.config)
+    out = target.config.to_dict()
+    out.pop("architectures", None)
+    out.update(kind.config_fields(drafter.config, num_target_layers=target.num_layers))
+    out["architectures"] = [kind.architecture]
+    out["dspark_method"] = kind.name
+    out["torch_dtype"] = str(next(drafter.parameters()).dtype).removeprefix("torch.")
+    return out
+
+
+def save_drafter(folder: str | Path, drafter: nn.Module, target: TargetAdapter, *, dtype=None) -> Path:
+    """Write ``drafter`` as an HF folder, atomically (temp folder, then rename)."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    config = drafter_config_json(drafter, target)
+    state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in drafter.state_dict().items()}
+    if dtype is not None:
+        config["torch_dtype"] = str(dtype).removeprefix("torch.")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+    (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if folder.exists():
+        old = folder.with_name(f".{folder.name}.old")
+        os.replace(folder, old)
+        os.replace(tmp, folder)
+        for f in old.iterdir():
+            f.unlink()
+        old.rmdir()
+    else:
+        os.replace(tmp, folder)
+    return folder
+
+
+def _read_config(folder: Path) -> dict[str, Any]:
+    path = folder / CONFIG_NAME
+    if not path.is_file():
+        raise DrafterLoadError(f"{folder} is not a drafter folder (no {CONFIG_NAME})")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise DrafterLoadError(f"{path}: not valid JSON ({e.msg})") from None
+
+
+def _check_against_target(raw: dict[str, Any], kind: DrafterKind, target: TargetAdapter, where: Path) -> None:
+    problems = []
+    for name in _TARGET_FIELDS_CHECKED:
+        target_value = target.vocab_size if name == "vocab_size" else target.hidden_size
+        if raw.get(name) != target_value:
+            problems.append(f"{name} {raw.get(name)} != the target's {target_value}")
+    if "num_target_layers" in raw and raw["num_target_layers"] != target.num_layers:
+        problems.append(f"num_target_layers {raw['num_target_layers']} != the target's {target.num_layers}")
+    ids = raw.get("target_layer_ids")
+    try:
+        validate_layer_ids(ids, target.num_layers)
+    except (ValueError, TypeError) as e:
+        problems.append(f"target_layer_ids {ids}: {e}")
+    if kind.uses_mask_token:
+        mask = raw.get("mask_token_id")
+        if not isinstance(mask, int) or not 0 <= mask < target.vocab_size:
+            problems.append(
+                f"mask_token_id {mask} is not in the target's vocabulary (0..{target.vocab_size - 1})"
+            )
+    block = raw.get("block_size")
+    if not isinstance(block, int) or block < 1:
+        problems.append(f"block_size {block} must be a positive integer")
+    if problems:
+        raise DrafterLoadError(f"{where}: drafter does not fit this target: " + "; ".join(problems))
+
+
+def _check_state(state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], where: Path) -> None:
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise DrafterLoadError(
+            f"{where}: weights do not match the config: missing keys {missing or 'none'}, "
+            f"unexpected keys {unexpected or 'none'}"
+        )
+    wrong = [
+        f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}"
+        for k, v in expected.items()
+        if state[k].shape != v.shape
+    ]
+    if wrong:
+        raise DrafterLoadError(f"{where}: weight shapes do not match the config: " + "; ".join(wrong))
+
+
+def load_drafter(folder: str | Path, target: TargetAdapter, *, block_size: int | None = None) -> nn.Module:
+    """Load a drafter folder for ``target``, validating everything (module docstring).
+
+    ``block_size``, when given, must equal the drafter's (a drafter trained for γ
+    slots predicts positions anchor+1..anchor+γ and nothing else). When the drafter
+    reads other feature layers than the adapter computes, the adapter is switched to
+    the drafter's layers (they were validated to exist).
+    """
+    folder = Path(folder)
+    raw = _read_config(folder)
+    kind = kind_of_folder_config(raw, folder)
+    _check_against_target(raw, kind, target, folder)
+    if block_size is not None and raw["block_size"] != block_size:
+        raise DrafterLoadError(
+            f"{folder}: drafter block_size {raw['block_size']} != the requested {block_size}"
+        )
+    ids = tuple(raw["target_layer_ids"])
+    if ids != tuple(target.target_layer_ids):
+        log.info("switching the target's feature layers to the drafter's %s", ids)
+        target.target_layer_ids = validate_layer_ids(ids, target.num_layers)
+    config = kind.config_from_fields(raw)
+    drafter = kind.drafter_cls.from_target(target, config)
+    weights = folder / WEIGHTS_NAME
+    if not weights.is_file():
+        raise DrafterLoadError(f"{folder}: no {WEIGHTS_NAME}")
+    try:
+        state = load_file(str(weights))
+    except Exception as e:  # safetensors raises its own error types for corrupt files
+        raise DrafterLoadError(f"{weights}: cannot read weights ({e})") from None
+    expected = drafter.state_dict()
+    _check_state(state, expected, folder)
+    drafter.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)
+    return drafter.eval()
+
+
+def with_sts_temperatures(config, temperatures: tuple[float, ...]):
+    """A copy of a drafter config with fitted STS temperatures (SPEC §8)."""
+    return dataclasses.replace(config, sts_temperatures=tuple(float(t) for t in temperatures))

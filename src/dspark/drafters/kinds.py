@@ -1,0 +1,154 @@
+"""The registry's table of trainable drafter methods (SPEC §5): config class, module
+class, checkpoint architecture and the config.json fields of each. Nothing outside
+this table and :mod:`dspark.drafters.registry` branches on a method name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dspark.drafters.dflash import DFlashConfig, DFlashDrafter
+from dspark.drafters.dspark import DSparkConfig, DSparkDrafter
+from dspark.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+from dspark.errors import DsparkError
+
+DSPARK_ARCHITECTURES = ("Qwen3DSparkModel", "Gemma4DSparkModel", "LlamaDSparkModel")
+EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
+
+
+@dataclass(frozen=True)
+class DrafterKind:
+    name: str
+    config_cls: type
+    drafter_cls: type
+    architecture: str
+    uses_mask_token: bool
+    config_fields: Callable[..., dict[str, Any]]  # (config, num_target_layers=) -> config.json fields
+    config_from_fields: Callable[[dict[str, Any]], Any]  # config.json -> config
+
+
+def _block_fields(
+    config, *, num_target_layers: int, markov_rank: int, head: str, conf: bool, conf_markov: bool, sts
+) -> dict[str, Any]:
+    return {
+        "block_size": config.block_size,
+        "num_target_layers": num_target_layers,
+        "target_layer_ids": list(config.target_layer_ids),
+        "mask_token_id": config.mask_token_id,
+        "markov_rank": markov_rank,
+        "markov_head_type": head,
+        "enable_confidence_head": conf,
+        "confidence_head_with_markov": conf_markov,
+        "num_hidden_layers": config.num_layers,
+        "sts_temperatures": list(sts) if sts else None,
+    }
+
+
+def _dspark_fields(config: DSparkConfig, *, num_target_layers: int) -> dict[str, Any]:
+    return _block_fields(
+        config,
+        num_target_layers=num_target_layers,
+        markov_rank=config.markov_rank,
+        head=config.markov_head_type,
+        conf=config.enable_confidence_head,
+        conf_markov=config.confidence_head_with_markov,
+        sts=config.sts_temperatures,
+    )
+
+
+def _dflash_fields(config: DFlashConfig, *, num_target_layers: int) -> dict[str, Any]:
+    return _block_fields(
+        config,
+        num_target_layers=num_target_layers,
+        markov_rank=0,
+        head="vanilla",
+        conf=False,
+        conf_markov=False,
+        sts=None,
+    )
+
+
+def _eagle3_fields(config: Eagle3Config, *, num_target_layers: int) -> dict[str, Any]:
+    return {
+        "block_size": config.block_size,
+        "num_target_layers": num_target_layers,
+        "target_layer_ids": list(config.target_layer_ids),
+        "num_hidden_layers": 1,
+    }
+
+
+def _dspark_config(raw: dict[str, Any]) -> DSparkConfig:
+    sts = raw.get("sts_temperatures")
+    return DSparkConfig(
+        num_layers=raw["num_hidden_layers"],
+        block_size=raw["block_size"],
+        target_layer_ids=tuple(raw["target_layer_ids"]),
+        mask_token_id=raw["mask_token_id"],
+        markov_rank=raw.get("markov_rank", 0),
+        markov_head_type=raw.get("markov_head_type", "vanilla"),
+        enable_confidence_head=raw.get("enable_confidence_head", False),
+        confidence_head_with_markov=raw.get("confidence_head_with_markov", False),
+        sts_temperatures=tuple(sts) if sts else None,
+    )
+
+
+def _dflash_config(raw: dict[str, Any]) -> DFlashConfig:
+    return DFlashConfig(
+        num_layers=raw["num_hidden_layers"],
+        block_size=raw["block_size"],
+        target_layer_ids=tuple(raw["target_layer_ids"]),
+        mask_token_id=raw["mask_token_id"],
+    )
+
+
+def _eagle3_config(raw: dict[str, Any]) -> Eagle3Config:
+    return Eagle3Config(block_size=raw["block_size"], target_layer_ids=tuple(raw["target_layer_ids"]))
+
+
+KINDS: dict[str, DrafterKind] = {
+    "dspark": DrafterKind(
+        "dspark", DSparkConfig, DSparkDrafter, "Qwen3DSparkModel", True, _dspark_fields, _dspark_config
+    ),
+    # DFlash = the same checkpoint class with markov_rank = 0 and no confidence head (SPEC §5.4).
+    "dflash": DrafterKind(
+        "dflash", DFlashConfig, DFlashDrafter, "Qwen3DSparkModel", True, _dflash_fields, _dflash_config
+    ),
+    "eagle3": DrafterKind(
+        "eagle3", Eagle3Config, Eagle3Drafter, "LlamaForCausalLMEagle3", False, _eagle3_fields, _eagle3_config
+    ),
+}
+
+
+def kind_of_config(config) -> DrafterKind:
+    for kind in KINDS.values():
+        if type(config) is kind.config_cls:
+            return kind
+    raise TypeError(f"no drafter kind has config type {type(config).__name__}")
+
+
+def kind_of_folder_config(raw: dict[str, Any], where: Path) -> DrafterKind:
+    """Our ``dspark_method`` field, else DeepSpec/vLLM's ``architectures``."""
+    method = raw.get("dspark_method")
+    if method is None:
+        arch = (raw.get("architectures") or [None])[0]
+        if arch in DSPARK_ARCHITECTURES:
+            plain = raw.get("markov_rank", 0) == 0 and not raw.get("enable_confidence_head", False)
+            method = "dflash" if plain else "dspark"
+        elif arch in EAGLE3_ARCHITECTURES:
+            method = "eagle3"
+    if method not in KINDS:
+        raise DsparkError(
+            f"{where}: not a drafter folder this version knows "
+            f"(dspark_method={raw.get('dspark_method')!r}, architectures={raw.get('architectures')!r})"
+        )
+    missing = [
+        f
+        for f in ("block_size", "target_layer_ids", "num_hidden_layers", "vocab_size", "hidden_size")
+        if f not in raw
+    ] + (["mask_token_id"] if KINDS[method].uses_mask_token and "mask_token_id" not in raw else [])
+    if missing:
+        raise DsparkError(f"{where}: config.json lacks required fields {missing}")
+    return KINDS[method]
