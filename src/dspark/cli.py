@@ -15,7 +15,19 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from dspark.data.commands import (
+    add_cache_args,
+    add_estimate_args,
+    add_prompts_args,
+    add_regenerate_args,
+    main_cache,
+    main_estimate,
+    main_prompts,
+    main_regenerate,
+)
+from dspark.engine.commands import add_profile_args, main_profile
 from dspark.errors import DsparkError
+from dspark.training.commands import add_train_args, main_train
 
 
 def _positive_int(text: str) -> int:
@@ -273,8 +285,14 @@ def main_bench_target(args: argparse.Namespace) -> int:
 COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "generate": (_add_generate, main_generate),
     "build-tiny-target": (_add_build_tiny, main_build_tiny_target),
+    "train": (add_train_args, main_train),
     "bench decode": (_add_bench_decode, main_bench_decode),
     "bench target": (_add_bench_target, main_bench_target),
+    "profile": (add_profile_args, main_profile),
+    "data prompts": (add_prompts_args, main_prompts),
+    "data regenerate": (add_regenerate_args, main_regenerate),
+    "data cache": (add_cache_args, main_cache),
+    "data estimate": (add_estimate_args, main_estimate),
 }
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from dspark.drafters.blocks import BlockLayout, batch_layout, block_attention_mask
 from dspark.drafters.common import (
     ContextKV,
     DecoderDims,
@@ -39,10 +40,9 @@ from dspark.drafters.common import (
     rope_cos_sin,
     sample_tokens,
 )
+from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, dflash_objective
 from dspark.protocols import DraftBlock, SamplingParams, SequenceState, TrainBatch, TrainOutput
 from dspark.sampling.probs import batch_probs
-from dspark.training.blocks import BlockLayout, batch_layout, block_attention_mask
-from dspark.training.losses import LossOutput, ObjectiveConfig, compute_loss, dflash_objective
 
 
 @dataclass(frozen=True, kw_only=True)

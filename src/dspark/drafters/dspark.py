@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from dspark.drafters.blocks import batch_layout
 from dspark.drafters.common import DecoderDims, assert_states, build_from_target, sample_tokens
 from dspark.drafters.dflash import DFlashBackbone
+from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, dspark_objective
 from dspark.heads import MARKOV_HEAD_TYPES, ConfidenceHead, build_sequential_head, scale_confidence_logits
 from dspark.protocols import DraftBlock, SamplingParams, SequenceState, TrainBatch, TrainOutput
 from dspark.sampling.probs import batch_probs
-from dspark.training.blocks import batch_layout
-from dspark.training.losses import LossOutput, ObjectiveConfig, compute_loss, dspark_objective
 
 
 @dataclass(frozen=True, kw_only=True)

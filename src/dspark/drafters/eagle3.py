@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from dspark.drafters.blocks import batch_layout, chain_attention_mask
 from dspark.drafters.common import (
     ContextKV,
     DecoderDims,
@@ -43,10 +44,9 @@ from dspark.drafters.common import (
     rope_cos_sin,
     sample_tokens,
 )
+from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, eagle3_objective
 from dspark.protocols import DraftBlock, SamplingParams, SequenceState, TrainBatch, TrainOutput
 from dspark.sampling.probs import batch_probs
-from dspark.training.blocks import batch_layout, chain_attention_mask
-from dspark.training.losses import LossOutput, ObjectiveConfig, compute_loss, eagle3_objective
 
 
 @dataclass(frozen=True, kw_only=True)

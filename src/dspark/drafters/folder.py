@@ -18,6 +18,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -66,14 +67,20 @@ def save_drafter(folder: str | Path, drafter: nn.Module, target: TargetAdapter, 
     save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
     (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     if folder.exists():
-        old = folder.with_name(f".{folder.name}.old")
-        os.replace(folder, old)
-        os.replace(tmp, folder)
-        for f in old.iterdir():
-            f.unlink()
-        old.rmdir()
-    else:
-        os.replace(tmp, folder)
+        shutil.rmtree(folder)
+    os.replace(tmp, folder)
+    return folder
+
+
+def publish_checkpoint(checkpoint: str | Path, folder: str | Path) -> Path:
+    """Copy a training checkpoint's ``config.json`` + ``model.safetensors`` into a drafter folder."""
+    checkpoint, folder = Path(checkpoint), Path(folder)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    for name in (CONFIG_NAME, WEIGHTS_NAME):
+        shutil.copyfile(checkpoint / name, tmp / name)
+    if folder.exists():
+        shutil.rmtree(folder)
+    os.replace(tmp, folder)
     return folder
 
 

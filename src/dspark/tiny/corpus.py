@@ -375,3 +375,18 @@ def corpus_hash(items: list[Item]) -> str:
     for item in items:
         h.update(f"{item.domain}\0{item.key}\0{item.prompt}\0{item.answer}\0".encode())
     return h.hexdigest()
+
+
+def training_records(math_count: int = 4000, seed: int = 0) -> list[dict]:
+    """The tiny target's training items (held-out ones excluded) as chat records."""
+    return [
+        {
+            "conversations": [
+                {"role": "user", "content": i.prompt},
+                {"role": "assistant", "content": i.answer},
+            ],
+            "domain": i.domain,
+        }
+        for i in build_corpus(math_count, seed)
+        if not is_held_out(i.key)
+    ]

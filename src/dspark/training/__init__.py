@@ -1,7 +1,6 @@
-"""Training drafters against a frozen target (SPEC §6).
-
-``blocks`` (anchor sampling, block layout, attention masks) and ``losses`` (paper
-Eqs. 9-12 and the training metrics) are pure, torch-only modules; drafters read them to
-build their training forward and objective. Keep this ``__init__`` free of imports so
-that importing those two never pulls in the trainer (or ``torch.distributed``).
+"""Training drafters against a frozen target (SPEC §6): the trainer, online target
+features, chat-template data, checkpoints, metrics, and ``distributed`` — the only
+module that imports ``torch.distributed``. What a drafter learns (block layout,
+masks, the losses of paper Eqs. 9-12) belongs to the drafter: ``dspark.drafters.blocks``
+and ``dspark.drafters.objective``.
 """

@@ -6,7 +6,7 @@ drafter needs (the target distribution at any position is ``lm_head`` of the lat
 V-sized logits are never kept). Right padding is harmless: attention is causal, so the
 real tokens never see it, and it is never supervised.
 
-Anchors are sampled here with :func:`dspark.training.blocks.sample_anchors` from a
+Anchors are sampled here with :func:`dspark.drafters.blocks.sample_anchors` from a
 generator seeded by (seed, step, chunk), so they are a pure function of where the
 micro-batch sits in the run: resuming or changing the number of processes draws the
 same anchors, and there is no generator state to checkpoint.
@@ -18,9 +18,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dspark.drafters.blocks import sample_anchors
 from dspark.errors import DsparkError
 from dspark.protocols import TrainBatch
-from dspark.training.blocks import sample_anchors
 
 
 def check_feature_layers(target, drafter_layer_ids) -> None:

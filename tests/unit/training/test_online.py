@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dspark.errors import DsparkError
-from dspark.training.blocks import eligible_anchors
+from dspark.drafters.blocks import eligible_anchors
 from dspark.training.data import collate
 from dspark.training.online import anchor_generator, check_feature_layers, target_batch
 

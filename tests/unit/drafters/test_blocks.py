@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dspark.targets import TargetAdapter
-from dspark.training.blocks import (
+from dspark.drafters.blocks import (
     block_attention_mask,
     block_layout,
     chain_attention_mask,

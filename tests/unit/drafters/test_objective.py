@@ -11,7 +11,7 @@ from dspark.drafters.dflash import DFlashConfig
 from dspark.drafters.dspark import DSparkConfig
 from dspark.drafters.eagle3 import Eagle3Config
 from dspark.protocols import TrainOutput
-from dspark.training.losses import (
+from dspark.drafters.objective import (
     ObjectiveConfig,
     binary_cross_entropy,
     compute_loss,
