@@ -1,0 +1,100 @@
+"""Engine and scheduler figures for BENCHMARKS.md (issue 6): SPS profile, flat vs padded
+verification layout, engine overhead per step. One thread; a random-init target of the
+embedded tiny target's shape unless ``--target`` names a model folder.
+
+    python scripts/bench_engine.py [--target PATH] [--out results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+import torch
+from transformers import Qwen3ForCausalLM
+
+from dspark.drafters.ngram import NgramDrafter
+from dspark.engine.bench import engine_overhead, flat_vs_padded, random_prompts
+from dspark.engine.profile import profile_sps
+from dspark.targets import TargetAdapter
+from dspark.targets.paged import KVStore
+from dspark.tiny.build import TinyTargetConfig, model_config
+
+
+def tiny_shaped_target() -> TargetAdapter:
+    """Random-init Qwen3 with the embedded tiny target's shape (12 layers, H 256, V 4096)."""
+
+    class _Tok:  # model_config reads only these
+        pad_token_id, eos_token_id = 0, 2
+
+        def __len__(self) -> int:
+            return TinyTargetConfig().vocab_size
+
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(model_config(TinyTargetConfig(), _Tok())).eval()
+    target = TargetAdapter(model)
+    target.eos_token_ids = ()  # random weights: run every request to max_tokens
+    return target
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--target", default=None)
+    p.add_argument("--out", default=None)
+    p.add_argument("--batches", default="1,8,32")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperatures", default="0,1")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    logging.basicConfig(level=logging.WARNING)
+    target = TargetAdapter.from_pretrained(args.target) if args.target else tiny_shaped_target()
+    out: dict = {"threads": torch.get_num_threads()}
+
+    store = KVStore.for_target(target, num_slots=32, capacity=512)
+    sps = profile_sps(target, store, block_size=7, repeats=5)
+    out["sps"] = {b: round(s, 2) for b, s in zip(sps.tokens, sps.steps_per_s)}
+    del store
+
+    g = torch.Generator().manual_seed(1)
+    spread = torch.randint(1, 9, (32,), generator=g).tolist()  # verification runs of 1..8 tokens
+    out["layout"] = [flat_vs_padded(target, lengths).as_dict() for lengths in (spread, [8] * 32, [1] * 32)]
+
+    prompts = random_prompts(target.vocab_size, 32, 96)
+    rows = []
+    configs = [
+        (None, "fixed"),
+        (NgramDrafter(target.vocab_size), "fixed"),
+        (NgramDrafter(target.vocab_size), "prefix"),
+    ]
+    for temperature in map(float, args.temperatures.split(",")):
+        for batch in map(int, args.batches.split(",")):
+            for drafter, policy in configs:
+                report = engine_overhead(
+                    target,
+                    drafter,
+                    prompts,
+                    batch=batch,
+                    policy=policy,
+                    max_tokens=args.max_tokens,
+                    temperature=temperature,
+                    sps=sps,
+                )
+                rows.append(
+                    {
+                        "drafter": "ngram" if drafter else "none",
+                        "temperature": temperature,
+                        **report.as_dict(),
+                    }
+                )
+                print(json.dumps(rows[-1]), flush=True)
+    out["overhead"] = rows
+    text = json.dumps(out, indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,238 @@
+"""Building the offline feature cache, on one process or many under torchrun (SPEC §7.3).
+
+Every rank tokenizes all records the way training does
+(:func:`dspark.training.data.tokenize_records`: same chat template, kwargs, loss mask,
+truncation), so sample ``i`` means the same thing everywhere. Rank ``r`` of ``W`` runs
+the target over samples ``r, r + W, ...`` one at a time (batch 1: a sample's features
+never depend on what it was batched with, so a cache is the same whatever the number of
+processes) and streams them into its own shards, hashing as it writes. Rank 0 then
+gathers the shard lists, writes the index in sample order and the manifest, each
+through a temporary file and a rename: a cache without ``manifest.json`` is unfinished.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from dspark.data.cache import (
+    FORMAT,
+    INDEX,
+    MANIFEST,
+    VERSION,
+    encode_sample,
+    target_identity,
+    template_identity,
+)
+from dspark.data.estimate import CacheEstimate, check_disk, estimate_cache
+from dspark.errors import DsparkError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheBuildConfig:
+    dtype: str = "bf16"  # fp32 | bf16 | fp16 | fp8
+    max_length: int = 2048  # tokens per sample, as in training
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    shard_bytes: int = 1 << 30  # a shard is closed once it holds this much
+    check_disk: bool = True
+    overwrite: bool = False
+    progress: bool = True
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``path`` through a temporary file, fsync, rename: readers see all of it or none."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+class ShardWriter:
+    """Streams samples into ``shard-RRRRR-KKKKK.bin`` files of about ``shard_bytes`` each."""
+
+    def __init__(self, root: Path, rank: int, shard_bytes: int) -> None:
+        self.root, self.rank, self.shard_bytes = root, rank, shard_bytes
+        self.shards: list[dict[str, Any]] = []  # closed shards' metadata (file, bytes, sha256, ...)
+        self.placements: list[tuple[int, str, int, int]] = []  # (sample, shard file, offset, tokens)
+        self._file = None
+
+    def _open(self) -> None:
+        name = f"shard-{self.rank:05d}-{len(self.shards):05d}.bin"
+        self._name, self._path = name, self.root / name
+        self._file = open(self._path.with_name(name + ".tmp"), "wb")  # noqa: SIM115 (closed in close())
+        self._hash, self._bytes, self._samples, self._tokens = hashlib.sha256(), 0, 0, 0
+
+    def add(self, sample: int, data: bytes, tokens: int) -> None:
+        if self._file is None:
+            self._open()
+        self.placements.append((sample, self._name, self._bytes, tokens))
+        self._file.write(data)
+        self._hash.update(data)
+        self._bytes += len(data)
+        self._samples += 1
+        self._tokens += tokens
+        if self._bytes >= self.shard_bytes:
+            self.close()
+
+    def close(self) -> None:
+        if self._file is None:
+            return
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        os.replace(self._path.with_name(self._name + ".tmp"), self._path)
+        self.shards.append(
+            {
+                "file": self._name,
+                "bytes": self._bytes,
+                "sha256": self._hash.hexdigest(),
+                "num_samples": self._samples,
+                "num_tokens": self._tokens,
+                "rank": self.rank,
+            }
+        )
+        self._file = None
+
+
+def _prepare_folder(root: Path, overwrite: bool) -> None:
+    if (root / MANIFEST).exists() and not overwrite:
+        raise DsparkError(f"{root} already holds a feature cache; pass --overwrite to replace it")
+    root.mkdir(parents=True, exist_ok=True)
+
+
+def _clear_folder(root: Path) -> None:
+    """Remove the files of an earlier or interrupted build (manifest first: the cache is gone)."""
+    (root / MANIFEST).unlink(missing_ok=True)
+    for path in root.glob("shard-*.bin*"):
+        path.unlink()
+    for name in (INDEX, INDEX + ".tmp", MANIFEST + ".tmp"):
+        (root / name).unlink(missing_ok=True)
+
+
+def _merge(
+    root: Path, parts: list[dict[str, Any]], num_samples: int, header: dict[str, Any]
+) -> dict[str, Any]:
+    """Rank 0: one shard list, the index in sample order, the manifest (written last)."""
+    shards = sorted((s for p in parts for s in p["shards"]), key=lambda s: s["file"])
+    shard_id = {s["file"]: i for i, s in enumerate(shards)}
+    index = np.full((num_samples, 3), -1, dtype="<i8")  # [N, 3]: shard, byte offset, tokens
+    for part in parts:
+        for sample, file, offset, tokens in part["placements"]:
+            index[sample] = (shard_id[file], offset, tokens)
+    missing = np.flatnonzero(index[:, 0] < 0)
+    if missing.size:
+        raise DsparkError(f"cache build lost {missing.size} samples (first: {missing[0]})")
+    index_bytes = index.tobytes()
+    write_atomic(root / INDEX, index_bytes)
+    manifest = header | {
+        "index": {
+            "file": INDEX,
+            "bytes": len(index_bytes),
+            "sha256": hashlib.sha256(index_bytes).hexdigest(),
+        },
+        "shards": shards,
+    }
+    write_atomic(root / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
+    return manifest
+
+
+def build_cache(
+    target,
+    records: Iterable[Mapping[str, Any]],
+    out_dir: str | Path,
+    config: CacheBuildConfig = CacheBuildConfig(),
+    *,
+    source: str = "",
+    world=None,
+) -> dict[str, Any]:
+    """Build a feature cache of ``records`` (conversations or regenerated records) in ``out_dir``.
+
+    Checks the disk against the size estimate before any forward. ``world`` (from
+    :func:`dspark.training.distributed.init_from_env`) splits the work; every rank must
+    call this with the same arguments. Returns the manifest (on every rank).
+    """
+    from dspark.training import distributed
+    from dspark.training.data import tokenize_records
+
+    world = world or distributed.current_world(target.device)
+    root = Path(out_dir)
+    records = list(records)
+    dataset = tokenize_records(
+        records, target.tokenizer, max_length=config.max_length, template_kwargs=config.template_kwargs
+    )
+    lengths = [s.input_ids.numel() for s in dataset]
+    estimate: CacheEstimate = estimate_cache(
+        target.hidden_size, len(target.target_layer_ids), config.dtype, sum(lengths)
+    )
+    if world.is_main:
+        log.info("feature cache estimate: %s", estimate.describe().replace("\n", "; "))
+    if config.check_disk:
+        check_disk(root, estimate.total_bytes)
+    if world.is_main:
+        _prepare_folder(root, config.overwrite)
+        _clear_folder(root)
+    distributed.barrier()  # nobody writes before rank 0 has cleared the folder
+
+    started = time.perf_counter()
+    writer = ShardWriter(root, world.rank, config.shard_bytes)
+    mine = range(world.rank, len(dataset), world.world_size)
+    bar = tqdm(
+        total=sum(lengths[i] for i in mine), unit="tok", disable=not (config.progress and world.is_main)
+    )
+    for i in mine:
+        sample = dataset[i]
+        out = target.forward(sample.input_ids[None].to(target.device), target.new_cache(), with_features=True)
+        data = encode_sample(sample.input_ids, sample.loss_mask, out.features[0], out.hidden[0], config.dtype)
+        writer.add(i, data, lengths[i])
+        bar.update(lengths[i])
+    writer.close()
+    bar.close()
+
+    parts = distributed.all_gather_objects({"shards": writer.shards, "placements": writer.placements})
+    header = {
+        "format": FORMAT,
+        "version": VERSION,
+        "dtype": config.dtype,
+        "target": target_identity(target),
+        "template": template_identity(target.tokenizer, config.template_kwargs, config.max_length),
+        "data": {
+            "source": source,
+            "records_sha256": hashlib.sha256(
+                json.dumps(records, sort_keys=True, ensure_ascii=False).encode()
+            ).hexdigest(),
+            "num_samples": len(dataset),
+            "num_tokens": sum(lengths),
+            "num_supervised_tokens": int(sum(int(s.loss_mask.sum()) for s in dataset)),
+            "fingerprint": dataset.fingerprint,
+        },
+        "pad_token_id": target.tokenizer.pad_token_id,
+        "estimate": estimate.as_dict(),
+        "world_size": world.world_size,
+        "build_seconds": round(time.perf_counter() - started, 3),
+    }
+    manifest = _merge(root, parts, len(dataset), header) if world.is_main else None
+    distributed.barrier()  # every rank returns once the manifest exists
+    return manifest if manifest is not None else json.loads((root / MANIFEST).read_text())

@@ -1,0 +1,304 @@
+"""Regeneration: the target answers every prompt, turn by turn (SPEC §7.2).
+
+A drafter learns the distribution of the target, so its training answers should be the
+target's own. Each prompt is replayed turn by turn: turn ``t`` is asked with the
+target's previous answers in the history, through the tokenizer's chat template with the
+same template kwargs (``enable_thinking=False``, ...) and system message that training
+and evaluation use (SPEC §7.4).
+
+The answering is done by an :class:`AnswerBackend`: one async call per chat turn. That
+one contract covers the in-process target (:class:`InProcessBackend`, batch 1 today;
+the batched engine of SPEC §10 slots in behind the same call, batching whatever calls
+are in flight), and any OpenAI-compatible server (:mod:`dspark.data.http_backend`).
+
+Output: one JSONL record per prompt (the shape :mod:`dspark.training.data` reads),
+appended atomically as soon as the prompt is done (:mod:`dspark.data.records`)::
+
+    {"id", "source", "domain", "system"?, "turns": [...], "answers": [...],
+     "finish_reasons": [...], "num_tokens": [...], "sampling": {...},
+     "template_kwargs": {...}, "backend": "..."}
+
+Failures (after the backend's retries) go to the error file as ``{"id", "source",
+"turn", "reason", "retryable"}``. A rerun skips the prompts already in the output and
+the permanent failures, and retries the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from tqdm.auto import tqdm
+
+from dspark.data.prompts import Prompt, dedup_prompts
+from dspark.data.records import JsonlAppender, read_records
+from dspark.decoding import speculative_generate
+from dspark.errors import DsparkError
+from dspark.protocols import SamplingParams
+
+log = logging.getLogger(__name__)
+
+Messages = list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One assistant turn as a backend produced it."""
+
+    text: str
+    finish_reason: str  # "stop" | "length" (whatever the server reports)
+    num_tokens: int | None = None  # completion tokens, when known
+    reasoning: str | None = None  # a server's separate reasoning_content, if it splits it off
+
+
+class AnswerError(Exception):
+    """A turn that could not be answered; ``retryable`` failures are retried by a rerun."""
+
+    def __init__(self, reason: str, *, retryable: bool) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retryable = retryable
+        self.turn: int | None = None  # set by the caller that knows which turn failed
+
+
+class AnswerBackend(Protocol):
+    """Answers one chat turn. Calls may be in flight concurrently (up to ``max_concurrency``)."""
+
+    name: str  # recorded in every output record, e.g. "inprocess:/models/qwen3" or "http:qwen3"
+    max_concurrency: int | None  # None = as many as the caller likes
+    template_kwargs: Mapping[str, Any]  # chat template kwargs the prompts are rendered with
+
+    async def answer(self, messages: Messages, params: SamplingParams) -> Answer: ...
+
+    async def aclose(self) -> None: ...
+
+
+# -- in-process backend -------------------------------------------------------------------------
+
+
+def chat_prompt_ids(tokenizer, messages: Messages, template_kwargs: Mapping[str, Any]) -> list[int]:
+    """Token ids of the chat prompt for the next assistant turn.
+
+    Rendered to text, then tokenized without added special tokens, exactly as training
+    renders and tokenizes whole conversations (:mod:`dspark.training.data`), so the
+    prompt the target answered is a prefix of the sample the drafter is trained on.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise DsparkError("the target's tokenizer has no chat template (SPEC §7.4 uses the target's own)")
+    text = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, **dict(template_kwargs)
+    )
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+class InProcessBackend:
+    """The target itself, in this process, one request at a time.
+
+    Runs :func:`dspark.decoding.speculative_generate` (lossless, so ``drafter`` only
+    changes the speed) in a worker thread so the event loop keeps writing records.
+    """
+
+    max_concurrency = 1
+
+    def __init__(
+        self,
+        target,
+        *,
+        drafter=None,
+        template_kwargs: Mapping[str, Any] | None = None,
+        block_size: int = 7,
+        name: str | None = None,
+    ) -> None:
+        self.target = target
+        self.drafter = drafter
+        self.template_kwargs = dict(template_kwargs or {})
+        self.block_size = block_size
+        self.name = name or f"inprocess:{getattr(target.config, '_name_or_path', '') or 'target'}"
+
+    def generate(self, messages: Messages, params: SamplingParams) -> Answer:
+        """Answer one turn, blocking (what :meth:`answer` runs in a worker thread)."""
+        tok = self.target.tokenizer
+        prompt_ids = chat_prompt_ids(tok, messages, self.template_kwargs)
+        try:
+            result = speculative_generate(
+                self.target,
+                self.drafter,
+                prompt_ids,
+                params,
+                block_size=self.block_size,
+                decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+            )
+        except DsparkError as e:  # e.g. the prompt no longer fits the context: retrying will not help
+            raise AnswerError(str(e), retryable=False) from None
+        return Answer(result.text, result.finish_reason, len(result.token_ids))
+
+    async def answer(self, messages: Messages, params: SamplingParams) -> Answer:
+        return await asyncio.to_thread(self.generate, messages, params)
+
+    async def aclose(self) -> None:
+        return None
+
+
+# -- the run ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class RegenerateConfig:
+    """How prompts are replayed (the backend decides how each turn is answered)."""
+
+    concurrency: int = 1  # prompts in flight at once (capped by the backend's max_concurrency)
+    system: str | None = None  # system message for prompts that have none
+    progress: bool = True
+
+
+@dataclass
+class RegenerateSummary:
+    total: int  # prompts in the set (after dedup)
+    resumed: int  # already in the output when the run started
+    done: int  # answered in this run
+    failed: int  # failed in this run (see the error file)
+    skipped: int  # permanent failures of earlier runs, not retried
+    completion_tokens: int  # tokens generated in this run (as reported by the backend)
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.completion_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def record_seed(seed: int | None, key: str) -> int | None:
+    """Each prompt's own seed: reproducible, independent of the order prompts are served in."""
+    if seed is None:
+        return None
+    return int(hashlib.sha256(f"{seed}:{key}".encode()).hexdigest()[:8], 16)
+
+
+def _sampling_record(params: SamplingParams, seed: int | None) -> dict[str, Any]:
+    return {
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k,
+        "max_tokens": params.max_tokens,
+        "stop": list(params.stop),
+        "seed": seed,  # turn t is sampled with seed + t
+    }
+
+
+async def answer_prompt(
+    backend: AnswerBackend, prompt: Prompt, params: SamplingParams, config: RegenerateConfig
+) -> dict[str, Any]:
+    """Replay one prompt turn by turn; the output record. Raises :class:`AnswerError`."""
+    system = prompt.system or config.system
+    messages: Messages = [{"role": "system", "content": system}] if system else []
+    seed = record_seed(params.seed, prompt.key)
+    answers: list[Answer] = []
+    for t, user in enumerate(prompt.turns):
+        messages.append({"role": "user", "content": user})
+        turn_params = replace(params, seed=None if seed is None else seed + t)
+        try:
+            answer = await backend.answer(list(messages), turn_params)
+        except AnswerError as e:
+            e.turn = t
+            raise
+        answers.append(answer)
+        messages.append({"role": "assistant", "content": answer.text})
+    record: dict[str, Any] = {"id": prompt.key, "source": prompt.source, "domain": prompt.domain}
+    if system:
+        record["system"] = system
+    record |= {
+        "turns": list(prompt.turns),
+        "answers": [a.text for a in answers],
+        "finish_reasons": [a.finish_reason for a in answers],
+        "num_tokens": [a.num_tokens for a in answers],
+        "sampling": _sampling_record(params, seed),
+        "template_kwargs": dict(backend.template_kwargs),
+        "backend": backend.name,
+    }
+    if any(a.reasoning for a in answers):
+        record["reasoning"] = [a.reasoning for a in answers]
+    return record
+
+
+async def regenerate_async(
+    prompts: Sequence[Prompt],
+    backend: AnswerBackend,
+    out_path: str | Path,
+    errors_path: str | Path,
+    params: SamplingParams,
+    config: RegenerateConfig = RegenerateConfig(),
+) -> RegenerateSummary:
+    """Answer every prompt not yet in ``out_path``; append records and failures as they come."""
+    prompts = dedup_prompts(prompts)
+    done_ids = {r.get("id") for r in read_records(out_path)}
+    permanent = {e.get("id") for e in read_records(errors_path) if not e.get("retryable", True)} - done_ids
+    todo = [p for p in prompts if p.key not in done_ids and p.key not in permanent]
+    resumed = sum(p.key in done_ids for p in prompts)
+    skipped = sum(p.key in permanent for p in prompts)
+    if resumed or skipped:
+        log.info("resuming: %d prompts already answered, %d permanent failures skipped", resumed, skipped)
+
+    workers = max(1, min(config.concurrency, backend.max_concurrency or config.concurrency))
+    queue: asyncio.Queue[Prompt] = asyncio.Queue()
+    for p in todo:
+        queue.put_nowait(p)
+    counts = {"done": 0, "failed": 0, "tokens": 0}
+    bar = tqdm(total=len(prompts), initial=resumed + skipped, unit="prompt", disable=not config.progress)
+    started = time.perf_counter()
+
+    async def worker(out: JsonlAppender, errors: JsonlAppender) -> None:
+        while not queue.empty():
+            prompt = queue.get_nowait()
+            try:
+                record = await answer_prompt(backend, prompt, params, config)
+            except AnswerError as e:
+                errors.append(
+                    {
+                        "id": prompt.key,
+                        "source": prompt.source,
+                        "turn": e.turn,
+                        "reason": e.reason,
+                        "retryable": e.retryable,
+                        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                    }
+                )
+                counts["failed"] += 1
+            else:
+                out.append(record)
+                counts["done"] += 1
+                counts["tokens"] += sum(n or 0 for n in record["num_tokens"])
+            bar.update(1)
+            bar.set_postfix(failed=counts["failed"], refresh=False)
+
+    try:
+        with JsonlAppender(out_path) as out, JsonlAppender(errors_path) as errors:
+            await asyncio.gather(*(worker(out, errors) for _ in range(workers)))
+    finally:
+        bar.close()
+        await backend.aclose()
+    return RegenerateSummary(
+        total=len(prompts),
+        resumed=resumed,
+        done=counts["done"],
+        failed=counts["failed"],
+        skipped=skipped,
+        completion_tokens=counts["tokens"],
+        seconds=time.perf_counter() - started,
+    )
+
+
+def regenerate(
+    prompts: Sequence[Prompt],
+    backend: AnswerBackend,
+    out_path: str | Path,
+    errors_path: str | Path,
+    params: SamplingParams,
+    config: RegenerateConfig = RegenerateConfig(),
+) -> RegenerateSummary:
+    """Synchronous :func:`regenerate_async`."""
+    return asyncio.run(regenerate_async(prompts, backend, out_path, errors_path, params, config))

@@ -1,0 +1,447 @@
+"""The batched speculative-decoding engine: continuous batching with a scheduler (SPEC §10).
+
+One :meth:`Engine.step`:
+
+1. **admit** queued requests into free KV slots (the preallocated memory is the limit);
+2. **prefill**: pick prompt chunks of prefilling requests, up to ``prefill_chunk``
+   tokens per step (chunked prefill, mixed with the decode runs below);
+3. **draft** for every decoding request, except those the difficulty-aware early exit
+   skips (their own history says the first draft would likely be rejected);
+4. **schedule**: the policy turns confidences (the drafter's, or the online estimator's)
+   into per-request verification lengths ``ℓ_r`` (``scheduler/policies.py``);
+5. **one target forward** over the flattened runs — each decoding request's anchor and
+   ``ℓ_r`` drafts, each prefill chunk (``targets/paged.py``);
+6. **verify** by rejection sampling (``sampling/rejection.py``), per-request RNGs;
+7. **commit / roll back** each request's KV to anchor + accepted drafts, cut at EOS /
+   ``max_tokens`` / stop strings (``decoding/stopping.py``), stream the tokens, free the
+   slots of finished requests.
+
+Lossless: every choice made before verification — early exit, caps, ``ℓ_r`` — is a
+function of the history and of drafts before the one it admits, never of the draft it
+admits (``scheduler/policies.py``), so each request's output has the target's
+distribution whatever the batch. With a batch-independent policy (``fixed``,
+``fixed:k``, ``threshold:t`` on drafter confidences) a seeded request gives the same
+tokens alone or in any batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from dspark.decoding.stopping import cut_round
+from dspark.engine.kv import KVMemory
+from dspark.engine.profile import load_or_profile
+from dspark.engine.requests import OnTokens, Request, TokenEvent
+from dspark.errors import DsparkError, PromptTooLongError
+from dspark.protocols import DraftBlock, Drafter, GenerationResult, RoundLog, SamplingParams, SequenceState
+from dspark.sampling import batch_probs, verify
+from dspark.scheduler import (
+    ConfidenceEstimator,
+    FirstAcceptPredictor,
+    SpsTable,
+    parse_policy,
+    peak_features,
+    schedule,
+)
+from dspark.targets import TargetAdapter
+from dspark.targets.paged import KVStore, Run, flat_forward
+
+logger = logging.getLogger(__name__)
+
+# Slots are preallocated at full length: a model's whole context (40k tokens for Qwen3)
+# times 32 slots would not fit anywhere, so the default is modest; raise it per engine.
+DEFAULT_MAX_SEQ_LEN = 4096
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """Shape and policies of an :class:`Engine`."""
+
+    block_size: int = 7  # γ: most drafts per request per step
+    policy: str = "prefix"  # fixed | fixed:k | threshold:t | prefix | prefix-async (SPEC §9)
+    max_batch: int = 32  # KV slots = requests decoded at once; more wait in the queue
+    max_seq_len: int | None = None  # tokens per slot (prompt + answer); None = min(target's context, 4096)
+    prefill_chunk: int = 256  # prompt tokens prefilled per step, over all prefilling requests
+    early_exit: float = 0.1  # skip drafting while P(first draft accepted) is predicted below this
+    probe_every: int = 8  # ... but draft at least every this many rounds to refresh the prediction
+    sps_path: Path | None = None  # SPS profile to load or create; None = the per-target cache file
+
+    def __post_init__(self) -> None:
+        parse_policy(self.policy)  # fail at construction on a bad spec
+        if self.block_size < 0 or self.max_batch < 1 or self.prefill_chunk < 1 or self.probe_every < 1:
+            raise ValueError(f"bad engine config {self}")
+
+
+@dataclass
+class EngineStats:
+    """Cumulative counters and timings (seconds) of an engine's steps."""
+
+    steps: int = 0
+    rounds: int = 0  # decode rounds over all requests
+    drafted: int = 0  # draft tokens proposed
+    verified: int = 0  # draft tokens sent to verification
+    accepted: int = 0
+    emitted: int = 0
+    prefill_tokens: int = 0
+    step_s: float = 0.0
+    draft_s: float = 0.0  # drafter.propose
+    forward_s: float = 0.0  # the target's verification/prefill forward
+    forward_tokens: int = 0  # sum over steps of B, the tokens of the step's forward
+    max_forward_tokens: int = 0
+
+    @property
+    def overhead_share(self) -> float:
+        """Share of step time spent outside model forwards (target and drafter)."""
+        return 1.0 - (self.forward_s + self.draft_s) / self.step_s if self.step_s else 0.0
+
+    @property
+    def tau(self) -> float:
+        """Acceptance length τ over all rounds, bonus included (SPEC §2)."""
+        return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
+
+
+class Engine:
+    """Continuous-batching speculative decoding over one target and one drafter.
+
+    ``submit`` enqueues a request and returns its id; ``step`` runs one engine step and
+    returns the tokens it emitted; ``generate`` runs a list of prompts to completion.
+    ``drafter=None`` decodes plainly (one token per request per step) on the same path.
+    """
+
+    def __init__(
+        self,
+        target: TargetAdapter,
+        drafter: Drafter | None = None,
+        config: EngineConfig = EngineConfig(),
+        *,
+        sps: SpsTable | None = None,
+        decode: Callable[[list[int]], str] | None = None,
+    ) -> None:
+        self.target, self.drafter, self.config = target, drafter, config
+        self.policy = parse_policy(config.policy)
+        capacity = min(config.max_seq_len or DEFAULT_MAX_SEQ_LEN, target.max_context)
+        store = KVStore.for_target(target, num_slots=config.max_batch, capacity=capacity)
+        logger.info(
+            "KV memory: %d slots x %d tokens = %.1f MB", config.max_batch, capacity, store.nbytes / 2**20
+        )
+        self.kv = KVMemory(store)
+        if sps is None and self.policy.needs_sps and drafter is not None:
+            sps = load_or_profile(target, store, block_size=config.block_size, path=config.sps_path)
+        self.sps = sps
+        if decode is None and target.tokenizer is not None:
+            tok = target.tokenizer
+            decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+        self.decode = decode
+        self.estimator = ConfidenceEstimator(max(config.block_size, 1))
+        self.stats = EngineStats()
+        self._needs_features = drafter is not None and len(drafter.target_layer_ids) > 0
+        self._queue: deque[Request] = deque()
+        self._active: list[Request] = []  # requests holding a KV slot, in admission order
+        self._finished: dict[int, Request] = {}
+        self._next_id = 0
+        self._step_index = 0  # never reset (stats may be), for prefix-async's stale confidences
+
+    # -- public API ---------------------------------------------------------------------
+
+    def submit(
+        self, prompt_ids: Sequence[int], params: SamplingParams, *, on_tokens: OnTokens | None = None
+    ) -> int:
+        """Queue a request; returns its id. ``on_tokens`` is called with each step's new tokens."""
+        prompt_ids = list(prompt_ids)
+        if not prompt_ids:
+            raise DsparkError("the prompt is empty")
+        if len(prompt_ids) + 1 > self.kv.capacity:
+            raise PromptTooLongError(
+                f"prompt has {len(prompt_ids)} tokens; the engine's context is {self.kv.capacity}"
+            )
+        if params.stop and self.decode is None:
+            raise ValueError("stop strings need a decode function (or a target with a tokenizer)")
+        rid, self._next_id = self._next_id, self._next_id + 1
+        self._queue.append(
+            Request(
+                id=rid,
+                params=params,
+                state=SequenceState(rid, prompt_ids, len(prompt_ids)),
+                max_new=min(params.max_tokens, self.kv.capacity - len(prompt_ids)),
+                generator=torch.Generator().manual_seed(params.seed) if params.seed is not None else None,
+                on_tokens=on_tokens,
+                predictor=FirstAcceptPredictor(estimate=self.estimator.config.prior),
+            )
+        )
+        return rid
+
+    def cancel(self, request_id: int) -> None:
+        """Stop a queued or running request and free its KV slot (e.g. a client disconnect)."""
+        for req in [*self._queue, *self._active]:
+            if req.id == request_id:
+                if req in self._queue:
+                    self._queue.remove(req)
+                self._finish(req, "cancelled", None)
+                return
+
+    def has_work(self) -> bool:
+        return bool(self._queue or self._active)
+
+    @property
+    def num_queued(self) -> int:
+        return len(self._queue)
+
+    @property
+    def num_active(self) -> int:
+        return len(self._active)
+
+    def result(self, request_id: int) -> GenerationResult:
+        """The outcome of a finished request (it stays available until ``pop_result``)."""
+        return self._finished[request_id].result()
+
+    def pop_result(self, request_id: int) -> GenerationResult:
+        return self._finished.pop(request_id).result()
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
+    ) -> list[GenerationResult]:
+        """Run ``prompts`` to completion as one continuous batch; results in prompt order."""
+        params = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        ids = [self.submit(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        while self.has_work():
+            self.step()
+        return [self.pop_result(i) for i in ids]
+
+    # -- one step -----------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self) -> list[TokenEvent]:
+        """Admit, prefill, draft, schedule, verify, commit; returns the emitted tokens."""
+        started = time.perf_counter()
+        while self._queue and self.kv.num_free:
+            req = self._queue.popleft()
+            self.kv.allocate(req.id)
+            self._active.append(req)
+        decoding = [r for r in self._active if self._uncached(r) == 0]
+        prefill = self._plan_prefill()
+        if not decoding and not prefill:
+            return []
+        block, drafting = self._draft(decoding)
+        lengths = self._schedule(decoding, block, drafting, sum(n for _, n in prefill))
+
+        runs, ids, offsets = [], [], []
+        for req, n in zip(decoding, lengths.tolist()):
+            offsets.append(sum(r.length for r in runs))
+            drafts = block.tokens[drafting[req.id], :n].tolist() if n else []
+            ids += [req.state.token_ids[-1], *drafts]
+            runs.append(Run(self.kv.slot(req.id), self.kv.length(req.id), 1 + n))
+        for req, n in prefill:
+            start = self.kv.length(req.id)
+            ids += req.state.token_ids[start : start + n]
+            runs.append(Run(self.kv.slot(req.id), start, n))
+        num_decode_rows = sum(r.length for r in runs[: len(decoding)])
+        forward_started = time.perf_counter()
+        out = flat_forward(
+            self.target,
+            self.kv.store,
+            torch.tensor(ids),
+            runs,
+            logits_at=torch.arange(num_decode_rows),
+            with_features=self._needs_features,
+        )
+        self.stats.forward_s += time.perf_counter() - forward_started
+
+        prefill_offset = num_decode_rows
+        for req, n in prefill:
+            if out.features is not None:
+                req.state.features = req.features.append(out.features[prefill_offset : prefill_offset + n])
+            self.kv.set_length(req.id, self.kv.length(req.id) + n)
+            prefill_offset += n
+        events = self._verify_and_commit(decoding, block, drafting, lengths, out, torch.tensor(offsets))
+
+        self._step_index += 1
+        s = self.stats
+        s.steps += 1
+        s.prefill_tokens += sum(n for _, n in prefill)
+        s.forward_tokens += len(ids)
+        s.max_forward_tokens = max(s.max_forward_tokens, len(ids))
+        s.step_s += time.perf_counter() - started
+        return events
+
+    # -- the stages ---------------------------------------------------------------------
+
+    def _uncached(self, req: Request) -> int:
+        """Prompt tokens still to prefill: everything but the anchor must be cached to decode."""
+        return len(req.state.token_ids) - 1 - self.kv.length(req.id)
+
+    def _plan_prefill(self) -> list[tuple[Request, int]]:
+        budget, plan = self.config.prefill_chunk, []
+        for req in self._active:
+            n = min(self._uncached(req), budget)
+            if n > 0:
+                plan.append((req, n))
+                budget -= n
+            if budget == 0:
+                break
+        return plan
+
+    def _draft(self, decoding: list[Request]) -> tuple[DraftBlock, dict[int, int]]:
+        """Propose for the requests that draft this step; ``drafting`` maps request id -> block row."""
+        K = self.config.block_size
+        chosen = [
+            r
+            for r in decoding
+            if self.drafter is not None
+            and r.draft_budget > 0
+            and r.predictor.should_draft(self.config.early_exit, self.config.probe_every)
+        ]
+        if not chosen or K == 0:
+            return DraftBlock.empty(0, self.target.vocab_size), {}
+        started = time.perf_counter()
+        # Always γ drafts, capped per request by the scheduler: a seeded request then draws
+        # the same drafter randomness alone or in any batch.
+        block = self.drafter.propose([r.state for r in chosen], K, [r.params for r in chosen])
+        self.stats.draft_s += time.perf_counter() - started
+        self.stats.drafted += int(block.lengths.sum())
+        return block, {r.id: i for i, r in enumerate(chosen)}
+
+    def _schedule(
+        self, decoding: list[Request], block: DraftBlock, drafting: dict[int, int], base_tokens: int
+    ) -> Tensor:
+        """Verification lengths ``[R]`` over all decoding requests (non-drafting ones get 0)."""
+        R, K = len(decoding), block.max_len
+        if not drafting:
+            return torch.zeros(R, dtype=torch.long)
+        rows = torch.tensor([drafting.get(r.id, -1) for r in decoding])  # [R], -1 = not drafting
+        has = rows >= 0
+        budget = torch.tensor([max(r.draft_budget, 0) for r in decoding]).clamp(max=K)  # [R]
+        caps = torch.zeros(R, dtype=torch.long)
+        caps[has] = torch.minimum(block.lengths.cpu()[rows[has]], budget[has])
+        if not self.policy.needs_confidences:
+            return schedule(self.policy, caps)
+        conf = block.confidences
+        if conf is None:  # no confidence head: the online estimator's, from the draft distributions
+            conf = self.estimator.predict(peak_features(block.probs))
+        confidences = torch.zeros(R, K, dtype=torch.float64)
+        confidences[has] = conf.detach().double().cpu()[rows[has]]
+        step = self._step_index
+        for i, req in enumerate(decoding):
+            if req.id in drafting:
+                req.confidence_history.append((step, confidences[i].clone()))
+        stale = stale_caps = None
+        if self.policy.kind == "prefix-async":
+            prior = self.estimator.position_rates()[:K].double()
+            stale = torch.stack(
+                [_fit(r.stale_confidences(step, self.policy.lag), prior, K) for r in decoding]
+            )  # [R, K], nothing from this step
+            stale_caps = torch.where(has, budget, 0)  # known before drafting
+        return schedule(
+            self.policy,
+            caps,
+            confidences,
+            sps=self.sps,
+            base_tokens=base_tokens,
+            stale_confidences=stale,
+            stale_caps=stale_caps,
+        )
+
+    def _verify_and_commit(
+        self,
+        decoding: list[Request],
+        block: DraftBlock,
+        drafting: dict[int, int],
+        lengths: Tensor,
+        out,
+        offsets: Tensor,
+    ) -> list[TokenEvent]:
+        R = len(decoding)
+        if R == 0:
+            return []
+        L = int(lengths.max())
+        rows = offsets.unsqueeze(-1) + torch.minimum(torch.arange(L + 1), lengths.unsqueeze(-1))  # [R, L+1]
+        params = [r.params for r in decoding]
+        target_probs = batch_probs(out.logits[rows], params)  # [R, L+1, V]
+        tokens = torch.zeros(R, L, dtype=torch.long)  # [R, L]
+        draft_probs = None
+        if L > 0:
+            draft_probs = target_probs.new_zeros(R, L, target_probs.shape[-1])  # [R, L, V]
+            for i, req in enumerate(decoding):
+                if req.id in drafting and lengths[i] > 0:
+                    j, n = drafting[req.id], int(lengths[i])
+                    tokens[i, :n] = block.tokens[j, :n].cpu()
+                    draft_probs[i, :n] = block.probs[j, :n].to(draft_probs)
+        result = verify(
+            tokens,
+            lengths,
+            draft_probs,
+            target_probs,
+            greedy=torch.tensor([p.greedy for p in params]),
+            generators=[r.generator for r in decoding],
+        )
+        self._observe(decoding, block, drafting, lengths, result.num_accepted)
+        events, finished = [], []
+        eos = self.target.eos_token_ids
+        for i, req in enumerate(decoding):
+            accepted, n = int(result.num_accepted[i]), int(lengths[i])
+            start = self.kv.length(req.id)
+            self.kv.set_length(req.id, start + 1 + accepted)  # anchor + accepted drafts; the rest rolls back
+            new_features = None
+            if out.features is not None:
+                new_features = out.features[int(offsets[i]) : int(offsets[i]) + 1 + accepted]  # [a+1, L, H]
+                req.state.features = req.features.append(new_features)
+            cut = cut_round(
+                req.generated, result.emitted(tokens, i), eos, req.max_new, req.params.stop, self.decode
+            )
+            req.generated += cut.tokens
+            req.state.token_ids += cut.tokens
+            req.rounds.append(RoundLog(proposed=n, accepted=accepted, emitted=len(cut.tokens)))
+            self.stats.emitted += len(cut.tokens)
+            events.append(TokenEvent(req.id, cut.tokens, cut.finish_reason))
+            if req.on_tokens is not None and cut.tokens:
+                req.on_tokens(cut.tokens)
+            if cut.finish_reason is not None:
+                finished.append((req, cut))
+            elif self.drafter is not None:
+                self.drafter.update(req.state, accepted, new_features)
+        # Free slots only now: a release moves another request's slot, whose committed
+        # length must already include this step's tokens.
+        for req, cut in finished:
+            self._finish(req, cut.finish_reason, cut.text)
+        return events
+
+    def _observe(
+        self, decoding: list[Request], block: DraftBlock, drafting: dict[int, int], lengths: Tensor, accepted
+    ) -> None:
+        """Feed the round's outcomes to the early-exit predictors and the confidence estimator."""
+        s = self.stats
+        s.rounds += len(decoding)
+        s.verified += int(lengths.sum())
+        s.accepted += int(accepted.sum())
+        for i, req in enumerate(decoding):
+            if lengths[i] > 0:
+                req.predictor.observe(bool(accepted[i] > 0))
+        if drafting and block.probs is not None and block.max_len > 0:
+            idx = [i for i, r in enumerate(decoding) if r.id in drafting]
+            rows = torch.tensor([drafting[decoding[i].id] for i in idx])
+            self.estimator.observe(peak_features(block.probs[rows]), lengths[idx], accepted[idx])
+
+    def _finish(self, req: Request, reason: str, text: str | None) -> None:
+        req.finish_reason, req.finished_at = reason, time.perf_counter()
+        req.text = text if text is not None else (self.decode(req.generated) if self.decode else "")
+        if req.id in self.kv:
+            self.kv.release(req.id)
+        if req in self._active:
+            self._active.remove(req)
+        self._finished[req.id] = req
+
+
+def _fit(row: Tensor | None, prior: Tensor, K: int) -> Tensor:
+    """A stale confidence row resized to K positions; missing positions come from the prior."""
+    out = prior[:K].clone()
+    if row is not None:
+        n = min(K, row.shape[0])
+        out[:n] = row[:n]
+    return out

@@ -1,0 +1,105 @@
+"""Profiling SPS(B) of a target with the engine's own batched forward (SPEC §9).
+
+The scheduler's cost table must describe the forward the engine really runs, so a step
+of B tokens here is a :func:`~dspark.targets.paged.flat_forward` of ``min(B, slots)``
+requests with ``context`` tokens cached each, the B tokens spread as evenly as possible
+over them (B <= slots: pure decode; beyond: verification runs), logits at every token.
+The table is saved per target, dtype, device, thread count and engine shape, and loaded
+instead of re-measured when it exists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from dspark.scheduler import SpsTable, default_sizes, measure_sps
+from dspark.targets import TargetAdapter
+from dspark.targets.paged import KVStore, Run, flat_forward
+
+logger = logging.getLogger(__name__)
+
+
+def profile_key(target: TargetAdapter, *, num_slots: int, block_size: int, context: int) -> dict:
+    """What an SPS table depends on; its hash names the saved file."""
+    config = target.config
+    return {
+        "target": str(getattr(config, "_name_or_path", "") or config.model_type),
+        "layers": target.num_layers,
+        "hidden": target.hidden_size,
+        "vocab": target.vocab_size,
+        "dtype": str(target.dtype),
+        "device": str(target.device),
+        "threads": torch.get_num_threads(),
+        "slots": num_slots,
+        "block_size": block_size,
+        "context": context,
+    }
+
+
+def default_profile_path(key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return Path.home() / ".cache" / "dspark" / "sps" / f"{digest}.json"
+
+
+def step_runs(num_tokens: int, num_slots: int, context: int) -> list[Run]:
+    """``num_tokens`` spread over ``min(num_tokens, num_slots)`` requests, ``context`` cached each."""
+    R = min(num_tokens, num_slots)
+    base, extra = divmod(num_tokens, R)
+    return [Run(slot=r, start=context, length=base + (r < extra)) for r in range(R)]
+
+
+def profile_sps(
+    target: TargetAdapter,
+    store: KVStore,
+    *,
+    block_size: int,
+    context: int | None = None,
+    sizes: list[int] | None = None,
+    repeats: int = 5,
+) -> SpsTable:
+    """Measure SPS(B) for B up to ``slots * (block_size + 1)`` on ``store`` (its contents are clobbered)."""
+    max_tokens = store.num_slots * (block_size + 1)
+    context = min(context or 256, store.capacity - block_size - 1)
+    if context < 0:
+        raise ValueError(
+            f"KV slots of {store.capacity} tokens are too small to profile block size {block_size}"
+        )
+    g = torch.Generator().manual_seed(0)
+
+    def step(num_tokens: int) -> None:
+        runs = step_runs(num_tokens, store.num_slots, context)
+        ids = torch.randint(0, target.vocab_size, (num_tokens,), generator=g)
+        flat_forward(target, store, ids, runs, logits_at=torch.arange(num_tokens))
+
+    key = profile_key(target, num_slots=store.num_slots, block_size=block_size, context=context)
+    table = measure_sps(step, sizes or default_sizes(max_tokens), repeats=repeats, meta=key)
+    logger.info(
+        "profiled SPS: B=1 %.1f steps/s, B=%d %.1f steps/s",
+        table(1),
+        table.max_tokens,
+        table(table.max_tokens),
+    )
+    return table
+
+
+def load_or_profile(
+    target: TargetAdapter, store: KVStore, *, block_size: int, path: Path | None = None
+) -> SpsTable:
+    """The saved table for this target and engine shape, profiling (and saving) it if missing."""
+    context = min(256, store.capacity - block_size - 1)
+    key = profile_key(target, num_slots=store.num_slots, block_size=block_size, context=context)
+    path = Path(path) if path is not None else default_profile_path(key)
+    if path.is_file():
+        table = SpsTable.load(path)
+        if table.meta != key:
+            logger.warning("SPS profile %s was measured for %s, not %s", path, table.meta, key)
+        return table
+    logger.warning("no SPS profile at %s: profiling the target now (once)", path)
+    table = profile_sps(target, store, block_size=block_size, context=context)
+    table.save(path)
+    return table

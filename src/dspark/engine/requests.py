@@ -1,0 +1,103 @@
+"""A request's life inside the engine: queued → prefill → decode → finished (SPEC §10).
+
+Everything the engine keeps per request lives in :class:`Request`; the public face of a
+request is its id, the :class:`TokenEvent` stream and the final
+:class:`~dspark.protocols.GenerationResult`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from dspark.protocols import GenerationResult, RoundLog, SamplingParams, SequenceState
+from dspark.scheduler import FirstAcceptPredictor
+
+OnTokens = Callable[[list[int]], None]
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """Tokens a request emitted in one engine step; ``finish_reason`` is set on its last event."""
+
+    request_id: int
+    tokens: list[int]
+    finish_reason: str | None = None  # "stop" | "length" | "cancelled"
+
+
+class FeatureBuffer:
+    """Target features of a request's committed tokens, grown in place (doubling).
+
+    ``state.features`` is a view of the filled part, so appending a round's few rows
+    never copies the whole history (a ``torch.cat`` per round would, per request).
+    """
+
+    def __init__(self) -> None:
+        self.buf: Tensor | None = None
+        self.length = 0
+
+    def append(self, rows: Tensor) -> Tensor:
+        """Append ``rows [n, L, H]``; returns the filled view ``[length, L, H]``."""
+        n = rows.shape[0]
+        if self.buf is None:
+            self.buf = rows.new_empty(max(64, 2 * n), *rows.shape[1:])
+        elif self.length + n > self.buf.shape[0]:
+            grown = self.buf.new_empty(max(self.length + n, 2 * self.buf.shape[0]), *self.buf.shape[1:])
+            grown[: self.length] = self.buf[: self.length]
+            self.buf = grown
+        self.buf[self.length : self.length + n] = rows
+        self.length += n
+        return self.buf[: self.length]
+
+
+@dataclass(eq=False)
+class Request:
+    """Engine-private state of one request."""
+
+    id: int
+    params: SamplingParams
+    state: SequenceState  # token_ids = prompt + generated; its last token is the next anchor
+    max_new: int  # max_tokens, clamped to what the KV slot holds
+    generator: torch.Generator | None  # the verification RNG, seeded from params.seed
+    on_tokens: OnTokens | None
+    predictor: FirstAcceptPredictor
+    features: FeatureBuffer = field(default_factory=FeatureBuffer)
+    generated: list[int] = field(default_factory=list)
+    rounds: list[RoundLog] = field(default_factory=list)
+    # (step index, confidences [K]) of the last few drafting rounds, for prefix-async
+    confidence_history: deque = field(default_factory=lambda: deque(maxlen=4))
+    finish_reason: str | None = None
+    text: str | None = None
+    submitted_at: float = field(default_factory=time.perf_counter)
+    finished_at: float | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        return self.state.prompt_len
+
+    @property
+    def draft_budget(self) -> int:
+        """Most drafts worth verifying: a round emits at most drafts + 1 tokens."""
+        return self.max_new - len(self.generated) - 1
+
+    def stale_confidences(self, step: int, lag: int) -> Tensor | None:
+        """The newest confidences recorded at least ``lag`` steps before ``step``."""
+        for recorded_at, conf in reversed(self.confidence_history):
+            if recorded_at <= step - lag:
+                return conf
+        return None
+
+    def result(self) -> GenerationResult:
+        assert self.finish_reason is not None, f"request {self.id} is not finished"
+        return GenerationResult(
+            token_ids=list(self.generated),
+            text=self.text or "",
+            finish_reason=self.finish_reason,
+            rounds=list(self.rounds),
+            seconds=(self.finished_at or time.perf_counter()) - self.submitted_at,
+        )

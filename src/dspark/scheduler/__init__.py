@@ -1,0 +1,43 @@
+"""Verification scheduling (SPEC §9): how many drafts of each request to verify per step.
+
+Pure functions of confidences, per-request caps and a profiled SPS table; nothing here
+knows about models (``scheduler`` never imports ``targets`` or ``drafters``).
+"""
+
+from dspark.scheduler.confidence_estimator import (
+    ConfidenceEstimator,
+    EstimatorConfig,
+    FirstAcceptPredictor,
+    peak_features,
+)
+from dspark.scheduler.policies import (
+    Policy,
+    fixed_lengths,
+    global_search,
+    parse_policy,
+    prefix_async_lengths,
+    prefix_lengths,
+    schedule,
+    survival,
+    threshold_lengths,
+)
+from dspark.scheduler.profile import SpsTable, default_sizes, measure_sps
+
+__all__ = [
+    "ConfidenceEstimator",
+    "EstimatorConfig",
+    "FirstAcceptPredictor",
+    "Policy",
+    "SpsTable",
+    "default_sizes",
+    "fixed_lengths",
+    "global_search",
+    "measure_sps",
+    "parse_policy",
+    "peak_features",
+    "prefix_async_lengths",
+    "prefix_lengths",
+    "schedule",
+    "survival",
+    "threshold_lengths",
+]

@@ -1,0 +1,109 @@
+"""The batched forward over flattened runs gives the logits of a plain HF forward (targets/paged.py),
+and the KV memory's rollback and slot moves keep them so (engine/kv.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Gemma2ForCausalLM
+
+from dspark.engine.kv import KVMemory
+from dspark.targets import TargetAdapter, TargetCache
+from dspark.targets.paged import KVStore, Run, flat_forward
+
+FAMILIES = ["tiny_qwen3", "tiny_llama", "tiny_gemma3"]
+
+
+def reference_logits(target: TargetAdapter, seq: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return target.model(seq.unsqueeze(0)).logits[0].float()  # [T, V]
+
+
+def run_step(target, store, seqs, done, chunk, slots, *, features=False):
+    """Advance each sequence r by ``chunk[r]`` tokens in one flat forward; returns (output, rows)."""
+    runs, ids, who = [], [], []
+    for r, n in enumerate(chunk):
+        if n:
+            runs.append(Run(slot=slots[r], start=done[r], length=n))
+            ids.append(seqs[r][done[r] : done[r] + n])
+            who += [(r, p) for p in range(done[r], done[r] + n)]
+            done[r] += n
+    out = flat_forward(
+        target, store, torch.cat(ids), runs, logits_at=torch.arange(len(who)), with_features=features
+    )
+    return out, who
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_flat_forward_equals_hf_forward(request, family):
+    """Long prefill chunks (own groups) and short decode runs (one group, with a dummy row
+    for a slot that has no run this step), for Qwen3, Llama and Gemma3 (sliding window)."""
+    target = TargetAdapter(request.getfixturevalue(family))
+    store = KVStore.for_target(target, num_slots=4, capacity=64)
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(3, 128, (n,), generator=g) for n in (40, 12, 30)]
+    refs = [reference_logits(target, s) for s in seqs]
+    done, slots = [0, 0, 0], [3, 0, 1]  # slot 2 stays empty: a dummy row in the short group
+    for chunk in ([20, 5, 17], [3, 1, 8], [8, 6, 5], [9, 0, 0]):
+        out, who = run_step(target, store, seqs, done, chunk, slots)
+        for i, (r, p) in enumerate(who):
+            torch.testing.assert_close(out.logits[i], refs[r][p], atol=2e-5, rtol=1e-4)
+
+
+def test_features_equal_the_adapters(tiny_qwen3):
+    target = TargetAdapter(tiny_qwen3)
+    store = KVStore.for_target(target, num_slots=2, capacity=32)
+    seqs = [torch.randint(3, 128, (20,)), torch.randint(3, 128, (9,))]
+    done = [0, 0]
+    out, who = run_step(target, store, seqs, done, [20, 9], [0, 1], features=True)
+    for r, seq in enumerate(seqs):
+        ref = target.forward(seq.unsqueeze(0), TargetCache()).features[0]  # [T, L, H]
+        rows = [i for i, (rr, _) in enumerate(who) if rr == r]
+        torch.testing.assert_close(out.features[rows], ref, atol=2e-5, rtol=1e-4)
+
+
+def test_rollback_and_slot_moves(tiny_qwen3):
+    """Rejected drafts left in the store are never read; a moved slot keeps its request's KV."""
+    target = TargetAdapter(tiny_qwen3)
+    kv = KVMemory(KVStore.for_target(target, num_slots=3, capacity=48))
+    g = torch.Generator().manual_seed(1)
+    seqs = {rid: torch.randint(3, 128, (30,), generator=g) for rid in (10, 11, 12)}
+    refs = {rid: reference_logits(target, s) for rid, s in seqs.items()}
+    for rid in seqs:
+        kv.allocate(rid)
+
+    def forward(rid_tokens: dict[int, torch.Tensor]):
+        runs, ids = [], []
+        for rid, toks in rid_tokens.items():
+            runs.append(Run(kv.slot(rid), kv.length(rid), len(toks)))
+            ids.append(toks)
+        out = flat_forward(target, kv.store, torch.cat(ids), runs, logits_at=torch.arange(sum(map(len, ids))))
+        return out.logits.split([len(t) for t in ids])
+
+    for rid, s in seqs.items():  # prefill 10 tokens each
+        forward({rid: s[:10]})
+        kv.set_length(rid, 10)
+    # A round with 5 wrong drafts for request 11: verify, then roll back to anchor + 0 accepted.
+    wrong = torch.cat([seqs[11][10:11], torch.randint(3, 128, (5,), generator=g)])
+    forward({11: wrong, 12: seqs[12][10:13]})
+    kv.set_length(11, 11)
+    kv.set_length(12, 13)
+    kv.release(10)  # slot of 10 freed: request 12 moves from slot 2 into slot 0
+    assert kv.slot(12) == 0 and kv.slot(11) == 1 and kv.num_free == 1
+    logits = forward({11: seqs[11][11:16], 12: seqs[12][13:15]})
+    torch.testing.assert_close(logits[0], refs[11][11:16], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(logits[1], refs[12][13:15], atol=2e-5, rtol=1e-4)
+
+
+def test_unsupported_and_oversized(tiny_gemma, tiny_qwen3):
+    assert isinstance(tiny_gemma, Gemma2ForCausalLM)
+    with pytest.raises(NotImplementedError, match="softcapping"):
+        KVStore.for_target(TargetAdapter(tiny_gemma), num_slots=1, capacity=8)
+    target = TargetAdapter(tiny_qwen3)
+    store = KVStore.for_target(target, num_slots=1, capacity=8)
+    with pytest.raises(ValueError, match="capacity"):
+        flat_forward(
+            target, store, torch.ones(4, dtype=torch.long), [Run(0, 6, 4)], logits_at=torch.arange(4)
+        )
+    # the model is back on its own attention afterwards
+    assert target.model.config._attn_implementation != "dspark_flat"

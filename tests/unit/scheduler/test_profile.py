@@ -1,0 +1,57 @@
+"""The SPS table: O(1) lookup, interpolation in step time, persistence, measurement (SPEC §9)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from dspark.scheduler import SpsTable, default_sizes, measure_sps
+
+
+def test_lookup_interpolates_step_time():
+    table = SpsTable.from_dict({1: 10.0, 5: 5.0})  # step time 0.1 s at B=1, 0.2 s at B=5
+    assert table(1) == pytest.approx(10.0) and table(5) == pytest.approx(5.0)
+    assert table(3) == pytest.approx(1 / 0.15)  # halfway in time, not in SPS
+    assert table(10) == pytest.approx(2.5)  # past the table: time grows linearly in B
+    B = torch.tensor([0, 1, 3, 5, 10])
+    torch.testing.assert_close(table.lookup(B), torch.tensor([10.0, 10.0, 1 / 0.15, 5.0, 2.5]).double())
+    assert SpsTable.flat(2.0)(1000) == 2.0
+
+
+def test_validation_and_roundtrip(tmp_path):
+    with pytest.raises(AssertionError):
+        SpsTable((2, 1), (1.0, 1.0))
+    with pytest.raises(AssertionError):
+        SpsTable((1, 2), (1.0, 0.0))
+    table = SpsTable.from_dict({1: 3.0, 4: 2.0, 9: 1.0}, meta={"target": "x"})
+    table.save(tmp_path / "sps.json")
+    loaded = SpsTable.load(tmp_path / "sps.json")
+    assert loaded == table and loaded.meta == {"target": "x"}
+    assert [loaded(b) for b in range(1, 12)] == [table(b) for b in range(1, 12)]
+
+
+def test_default_sizes_cover_every_small_batch():
+    sizes = default_sizes(256)
+    assert sizes[:16] == list(range(1, 17)) and sizes[-1] == 256
+    assert all(b > a for a, b in zip(sizes, sizes[1:])) and len(sizes) < 50
+    assert default_sizes(5) == [1, 2, 3, 4, 5]
+
+
+def test_measure_sps_times_the_step():
+    def step(b: int) -> None:
+        time.sleep(0.002 * b)
+
+    table = measure_sps(step, [1, 4], repeats=2, warmup=0, meta={"k": 1})
+    assert table.tokens == (1, 4) and table.meta == {"k": 1}
+    assert table(1) > 2 * table(4)
+    assert 100 < table(4) < 130  # 8 ms per step, plus sleep overshoot
+
+
+def test_non_decreasing_fit_removes_dips_keeps_cliffs():
+    from dspark.scheduler.profile import non_decreasing
+
+    assert non_decreasing([1.0, 3.0, 2.0, 4.0]) == [1.0, 2.5, 2.5, 4.0]
+    assert non_decreasing([1.0, 1.0, 5.0, 5.0]) == [1.0, 1.0, 5.0, 5.0]  # a cliff stays
+    assert non_decreasing([3.0, 2.0, 1.0]) == [2.0, 2.0, 2.0]
