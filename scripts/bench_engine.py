@@ -62,11 +62,8 @@ def main() -> None:
 
     prompts = random_prompts(target.vocab_size, 32, 96)
     rows = []
-    configs = [
-        (None, "fixed"),
-        (NgramDrafter(target.vocab_size), "fixed"),
-        (NgramDrafter(target.vocab_size), "prefix"),
-    ]
+    ngram = NgramDrafter(target.vocab_size)
+    configs = [(None, "fixed"), (ngram, "fixed"), (ngram, "prefix"), (ngram, "prefix-async")]
     for temperature in map(float, args.temperatures.split(",")):
         for batch in map(int, args.batches.split(",")):
             for drafter, policy in configs:

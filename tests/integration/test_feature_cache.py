@@ -83,7 +83,7 @@ def fp32_cache(target, records, tmp_path_factory):
 
 def test_round_trip_is_bit_for_bit(target, records, fp32_cache, tmp_path):
     """Cached ids/mask are the training tokenization; cached features are the target's, exactly."""
-    dataset = tokenize_records(records, target.tokenizer, max_length=2048)
+    dataset = tokenize_records(records, target.tokenizer, max_length=1024)
     bf16_root = tmp_path / "bf16"
     build_cache(target, records, bf16_root, CacheBuildConfig(dtype="bf16", progress=False))
     fp32, bf16 = FeatureCache.open(fp32_cache), FeatureCache.open(bf16_root)
@@ -128,6 +128,9 @@ def test_flipped_byte_and_truncation_are_detected(fp32_cache, tmp_path):
     shard.write_bytes(bytes(data[:-1]))
     with pytest.raises(CacheError, match="bytes, the manifest says"):
         FeatureCache.open(root, verify=False)
+    (root / "manifest.json").write_text('{"format": "dspark-feature-cache", "version": 1}')
+    with pytest.raises(CacheError, match="corrupt manifest"):
+        FeatureCache.open(root)
     (root / "manifest.json").unlink()
     with pytest.raises(CacheError, match="no feature cache"):
         FeatureCache.open(root)
@@ -135,7 +138,7 @@ def test_flipped_byte_and_truncation_are_detected(fp32_cache, tmp_path):
 
 def test_cache_of_another_target_or_template_is_refused(target_dir, target, fp32_cache, tmp_path):
     cache = FeatureCache.open(fp32_cache)
-    cache.check_compatible(target, template_kwargs={}, max_length=2048)
+    cache.check_compatible(target, template_kwargs={}, max_length=1024)
     # The same checkpoint in another dtype is the same target.
     cache.check_compatible(TargetAdapter.from_pretrained(target_dir, dtype=torch.bfloat16))
 
@@ -182,9 +185,9 @@ def test_training_from_cache_equals_online(target, records, fp32_cache):
     from dspark.drafters.dspark import DSparkDrafter
     from dspark.presets.drafters import dspark_debug
 
-    dataset = tokenize_records(records, target.tokenizer, max_length=2048)
+    dataset = tokenize_records(records, target.tokenizer, max_length=1024)
     cache = FeatureCache.open(fp32_cache)
-    cache.check_compatible(target, template_kwargs={}, max_length=2048)
+    cache.check_compatible(target, template_kwargs={}, max_length=1024)
     pad = target.tokenizer.pad_token_id
 
     def run(from_cache: bool) -> list[float]:

@@ -236,6 +236,9 @@ class FeatureCache:
                 f"{path}: not a {FORMAT} v{VERSION} manifest "
                 f"(format {manifest.get('format')!r}, version {manifest.get('version')!r})"
             )
+        missing = [k for k in ("dtype", "target", "template", "data", "index", "shards") if k not in manifest]
+        if missing:
+            raise CacheError(f"{path}: corrupt manifest (no {', '.join(missing)})")
         files = [(INDEX, manifest["index"])] + [(s["file"], s) for s in manifest["shards"]]
         for name, meta in files:
             file = root / name

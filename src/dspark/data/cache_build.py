@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, kw_only=True)
 class CacheBuildConfig:
     dtype: str = "bf16"  # fp32 | bf16 | fp16 | fp8
-    max_length: int = 2048  # tokens per sample, as in training
+    max_length: int = 1024  # tokens per sample, as in training (`dspark train --max-length`)
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)
     shard_bytes: int = 1 << 30  # a shard is closed once it holds this much
     check_disk: bool = True
@@ -167,10 +167,12 @@ def build_cache(
     *,
     source: str = "",
     world=None,
+    announce: Callable[[CacheEstimate], None] | None = None,
 ) -> dict[str, Any]:
     """Build a feature cache of ``records`` (conversations or regenerated records) in ``out_dir``.
 
-    Checks the disk against the size estimate before any forward. ``world`` (from
+    The size estimate goes to ``announce`` (rank 0) and is checked against the free disk
+    space before any forward. ``world`` (from
     :func:`dspark.training.distributed.init_from_env`) splits the work; every rank must
     call this with the same arguments. Returns the manifest (on every rank).
     """
@@ -189,6 +191,8 @@ def build_cache(
     )
     if world.is_main:
         log.info("feature cache estimate: %s", estimate.describe().replace("\n", "; "))
+        if announce is not None:
+            announce(estimate)
     if config.check_disk:
         check_disk(root, estimate.total_bytes)
     if world.is_main:

@@ -54,28 +54,23 @@ def _size(text: str) -> int:
     return value
 
 
-def _template_kwargs(pairs: list[str]) -> dict[str, Any]:
-    """``["enable_thinking=false"]`` -> ``{"enable_thinking": False}``; values are JSON when they parse."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise DsparkError(f"--template-kwarg expects KEY=VALUE, got {pair!r}")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
+def _template_kwargs(text: str) -> dict[str, Any]:
+    """``'{"enable_thinking": false}'`` -> ``{"enable_thinking": False}`` (as ``dspark train`` takes it)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DsparkError(f"--template-kwargs is not JSON: {e.msg}") from None
+    if not isinstance(value, dict):
+        raise DsparkError(f"--template-kwargs must be a JSON object, got {text!r}")
+    return value
 
 
-def _add_template_kwarg(p: argparse.ArgumentParser) -> None:
+def _add_template_kwargs(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--template-kwarg",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="chat template kwarg, repeatable, value parsed as JSON when it can be "
-        "(e.g. enable_thinking=false); use the same ones in regenerate, cache, train and eval",
+        "--template-kwargs",
+        default="{}",
+        help="JSON passed to the chat template, e.g. '{\"enable_thinking\": false}'; "
+        "use the same in regenerate, cache, train and eval (SPEC §7.4)",
     )
 
 
@@ -210,7 +205,7 @@ def add_regenerate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     p.add_argument("--seed", type=int, default=None, help="base seed; each prompt derives its own from it")
     p.add_argument("--system", default=None, help="system message for prompts that have none")
-    _add_template_kwarg(p)
+    _add_template_kwargs(p)
     p.add_argument("--threads", type=_positive_int, default=None, help="in-process: torch CPU threads")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -231,7 +226,7 @@ def main_regenerate(args: argparse.Namespace) -> int:
         )
     except ValueError as e:
         raise DsparkError(str(e)) from None
-    template_kwargs = _template_kwargs(args.template_kwarg)
+    template_kwargs = _template_kwargs(args.template_kwargs)
     prompts = load_prompt_sets(args.prompts, limit=args.limit)
     errors = args.errors or args.out.with_name(args.out.stem + ".errors.jsonl")
     if args.base_url:
@@ -314,8 +309,8 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
         "must match the drafter's target_layer_ids",
     )
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp8", "fp32"], default="bf16", help="stored dtype")
-    p.add_argument("--max-length", type=_positive_int, default=2048, help="tokens per sample (as training)")
-    _add_template_kwarg(p)
+    p.add_argument("--max-length", type=_positive_int, default=1024, help="tokens per sample (as training)")
+    _add_template_kwargs(p)
     p.add_argument("--shard-size", type=_size, default=10**9, help="bytes per shard, e.g. 512MB, 2GB")
     p.add_argument(
         "--target-dtype",
@@ -333,7 +328,6 @@ def main_cache(args: argparse.Namespace) -> int:
     import torch
 
     from dspark.data.cache_build import CacheBuildConfig, build_cache
-    from dspark.data.estimate import estimate_cache
     from dspark.data.records import read_records
     from dspark.presets.tiny import resolve_target
     from dspark.targets import TargetAdapter
@@ -357,17 +351,23 @@ def main_cache(args: argparse.Namespace) -> int:
         config = CacheBuildConfig(
             dtype=args.dtype,
             max_length=args.max_length,
-            template_kwargs=_template_kwargs(args.template_kwarg),
+            template_kwargs=_template_kwargs(args.template_kwargs),
             shard_bytes=args.shard_size,
             overwrite=args.overwrite,
             progress=not args.no_progress,
         )
-        manifest = build_cache(target, records, args.out, config, source=str(args.data), world=world)
+        manifest = build_cache(
+            target,
+            records,
+            args.out,
+            config,
+            source=str(args.data),
+            world=world,
+            announce=lambda estimate: print(estimate.describe(), flush=True),
+        )
     if world.is_main:
         data = manifest["data"]
-        est = estimate_cache(target.hidden_size, len(target.target_layer_ids), args.dtype, data["num_tokens"])
         real = sum(s["bytes"] for s in manifest["shards"]) + manifest["index"]["bytes"]
-        print(est.describe())
         print(
             json.dumps(
                 {
@@ -377,7 +377,7 @@ def main_cache(args: argparse.Namespace) -> int:
                     "shards": len(manifest["shards"]),
                     "bytes": real,
                     "bytes_per_token": round(real / max(data["num_tokens"], 1), 1),
-                    "estimated_bytes": est.total_bytes,
+                    "estimated_bytes": manifest["estimate"]["total_bytes"],
                 },
                 indent=2,
             )
@@ -408,8 +408,8 @@ def add_estimate_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="count the tokens of this records JSONL with --target's tokenizer and chat template",
     )
-    p.add_argument("--max-length", type=_positive_int, default=2048, help="with --data: tokens per sample")
-    _add_template_kwarg(p)
+    p.add_argument("--max-length", type=_positive_int, default=1024, help="with --data: tokens per sample")
+    _add_template_kwargs(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -442,7 +442,7 @@ def main_estimate(args: argparse.Namespace) -> int:
         raise DsparkError("give --hidden-size and --feature-layers, or --target")
     tokens = args.tokens
     if tokens is None and args.data is not None:
-        tokens = _count_tokens(target, args.data, args.max_length, _template_kwargs(args.template_kwarg))
+        tokens = _count_tokens(target, args.data, args.max_length, _template_kwargs(args.template_kwargs))
     if tokens is None:
         raise DsparkError("give --tokens, or --data with --target")
     est = estimate_cache(hidden, layers, args.dtype, tokens)

@@ -175,3 +175,19 @@ def load_drafter(folder: str | Path, target: TargetAdapter, *, block_size: int |
 def with_sts_temperatures(config, temperatures: tuple[float, ...]):
     """A copy of a drafter config with fitted STS temperatures (SPEC §8)."""
     return dataclasses.replace(config, sts_temperatures=tuple(float(t) for t in temperatures))
+
+
+def convert_folder(src: str | Path, dst: str | Path, dtype: torch.dtype) -> Path:
+    """Copy a drafter folder with its weights cast to ``dtype`` (e.g. bf16 to ship)."""
+    src, dst = Path(src), Path(dst)
+    raw = _read_config(src)
+    state = {k: v.to(dtype).contiguous() for k, v in load_file(str(src / WEIGHTS_NAME)).items()}
+    raw["torch_dtype"] = str(dtype).removeprefix("torch.")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
+    save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+    (tmp / CONFIG_NAME).write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
+    if dst.exists():
+        shutil.rmtree(dst)
+    os.replace(tmp, dst)
+    return dst

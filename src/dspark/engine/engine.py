@@ -234,15 +234,15 @@ class Engine:
 
         runs, ids, offsets = [], [], []
         for req, n in zip(decoding, lengths.tolist()):
-            offsets.append(sum(r.length for r in runs))
+            offsets.append(len(ids))  # where the request's anchor sits in the flat batch
             drafts = block.tokens[drafting[req.id], :n].tolist() if n else []
             ids += [req.state.token_ids[-1], *drafts]
             runs.append(Run(self.kv.slot(req.id), self.kv.length(req.id), 1 + n))
+        num_decode_rows = len(ids)
         for req, n in prefill:
             start = self.kv.length(req.id)
             ids += req.state.token_ids[start : start + n]
             runs.append(Run(self.kv.slot(req.id), start, n))
-        num_decode_rows = sum(r.length for r in runs[: len(decoding)])
         forward_started = time.perf_counter()
         out = flat_forward(
             self.target,
@@ -260,7 +260,7 @@ class Engine:
                 req.state.features = req.features.append(out.features[prefill_offset : prefill_offset + n])
             self.kv.set_length(req.id, self.kv.length(req.id) + n)
             prefill_offset += n
-        events = self._verify_and_commit(decoding, block, drafting, lengths, out, torch.tensor(offsets))
+        events = self._verify_and_commit(decoding, block, drafting, lengths, out, offsets)
 
         self._step_index += 1
         s = self.stats
@@ -355,22 +355,24 @@ class Engine:
         drafting: dict[int, int],
         lengths: Tensor,
         out,
-        offsets: Tensor,
+        offsets: list[int],
     ) -> list[TokenEvent]:
         R = len(decoding)
         if R == 0:
             return []
         L = int(lengths.max())
-        rows = offsets.unsqueeze(-1) + torch.minimum(torch.arange(L + 1), lengths.unsqueeze(-1))  # [R, L+1]
+        # Row t of request r: its anchor's flat row + t (rows past ℓ_r repeat the last, unused).
+        rows = torch.tensor(offsets).unsqueeze(-1) + torch.minimum(torch.arange(L + 1), lengths.unsqueeze(-1))
         params = [r.params for r in decoding]
         target_probs = batch_probs(out.logits[rows], params)  # [R, L+1, V]
         tokens = torch.zeros(R, L, dtype=torch.long)  # [R, L]
         draft_probs = None
+        n_verified = lengths.tolist()
         if L > 0:
             draft_probs = target_probs.new_zeros(R, L, target_probs.shape[-1])  # [R, L, V]
-            for i, req in enumerate(decoding):
-                if req.id in drafting and lengths[i] > 0:
-                    j, n = drafting[req.id], int(lengths[i])
+            for i, (req, n) in enumerate(zip(decoding, n_verified)):
+                if n > 0:
+                    j = drafting[req.id]
                     tokens[i, :n] = block.tokens[j, :n].cpu()
                     draft_probs[i, :n] = block.probs[j, :n].to(draft_probs)
         result = verify(
@@ -381,20 +383,20 @@ class Engine:
             greedy=torch.tensor([p.greedy for p in params]),
             generators=[r.generator for r in decoding],
         )
-        self._observe(decoding, block, drafting, lengths, result.num_accepted)
+        n_accepted = result.num_accepted.tolist()
+        self._observe(decoding, block, drafting, n_verified, n_accepted)
         events, finished = [], []
         eos = self.target.eos_token_ids
-        for i, req in enumerate(decoding):
-            accepted, n = int(result.num_accepted[i]), int(lengths[i])
+        drafted, next_tokens = tokens.tolist(), result.next_tokens.tolist()
+        for i, (req, n, accepted) in enumerate(zip(decoding, n_verified, n_accepted)):
             start = self.kv.length(req.id)
             self.kv.set_length(req.id, start + 1 + accepted)  # anchor + accepted drafts; the rest rolls back
             new_features = None
             if out.features is not None:
-                new_features = out.features[int(offsets[i]) : int(offsets[i]) + 1 + accepted]  # [a+1, L, H]
+                new_features = out.features[offsets[i] : offsets[i] + 1 + accepted]  # [a+1, L, H]
                 req.state.features = req.features.append(new_features)
-            cut = cut_round(
-                req.generated, result.emitted(tokens, i), eos, req.max_new, req.params.stop, self.decode
-            )
+            emitted = drafted[i][:accepted] + [next_tokens[i]]  # accepted drafts + recovered/bonus
+            cut = cut_round(req.generated, emitted, eos, req.max_new, req.params.stop, self.decode)
             req.generated += cut.tokens
             req.state.token_ids += cut.tokens
             req.rounds.append(RoundLog(proposed=n, accepted=accepted, emitted=len(cut.tokens)))
@@ -413,20 +415,29 @@ class Engine:
         return events
 
     def _observe(
-        self, decoding: list[Request], block: DraftBlock, drafting: dict[int, int], lengths: Tensor, accepted
+        self,
+        decoding: list[Request],
+        block: DraftBlock,
+        drafting: dict[int, int],
+        verified: list[int],
+        accepted: list[int],
     ) -> None:
         """Feed the round's outcomes to the early-exit predictors and the confidence estimator."""
         s = self.stats
         s.rounds += len(decoding)
-        s.verified += int(lengths.sum())
-        s.accepted += int(accepted.sum())
-        for i, req in enumerate(decoding):
-            if lengths[i] > 0:
-                req.predictor.observe(bool(accepted[i] > 0))
+        s.verified += sum(verified)
+        s.accepted += sum(accepted)
+        for req, n, a in zip(decoding, verified, accepted):
+            if n > 0:
+                req.predictor.observe(a > 0)
         if drafting and block.probs is not None and block.max_len > 0:
             idx = [i for i, r in enumerate(decoding) if r.id in drafting]
             rows = torch.tensor([drafting[decoding[i].id] for i in idx])
-            self.estimator.observe(peak_features(block.probs[rows]), lengths[idx], accepted[idx])
+            self.estimator.observe(
+                peak_features(block.probs[rows]),
+                torch.tensor([verified[i] for i in idx]),
+                torch.tensor([accepted[i] for i in idx]),
+            )
 
     def _finish(self, req: Request, reason: str, text: str | None) -> None:
         req.finish_reason, req.finished_at = reason, time.perf_counter()

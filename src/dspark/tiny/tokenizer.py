@@ -44,7 +44,8 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
         tokenizer_object=tok,
         eos_token=IM_END,
         pad_token=PAD_TOKEN,
-        additional_special_tokens=[IM_START, MASK_TOKEN],
+        mask_token=MASK_TOKEN,
+        additional_special_tokens=[IM_START],
         model_max_length=1024,
     )
     fast.chat_template = CHAT_TEMPLATE

@@ -111,8 +111,8 @@ def test_regenerate_then_cache_then_estimate(capsys, tmp_path, target_dir):
         str(target_dir),
         "--max-tokens",
         "8",
-        "--template-kwarg",
-        "enable_thinking=false",
+        "--template-kwargs",
+        '{"enable_thinking": false}',
         "--seed",
         "3",
         "--temperature",
@@ -137,8 +137,8 @@ def test_regenerate_then_cache_then_estimate(capsys, tmp_path, target_dir):
         str(target_dir),
         "--dtype",
         "fp16",
-        "--template-kwarg",
-        "enable_thinking=false",
+        "--template-kwargs",
+        '{"enable_thinking": false}',
         "--no-progress",
     ]
     code, stdout, _ = _run(capsys, *args)
@@ -159,8 +159,8 @@ def test_regenerate_then_cache_then_estimate(capsys, tmp_path, target_dir):
         str(out),
         "--dtype",
         "fp16",
-        "--template-kwarg",
-        "enable_thinking=false",
+        "--template-kwargs",
+        '{"enable_thinking": false}',
         "--json",
     )
     assert json.loads(stdout)["tokens"] == manifest["data"]["num_tokens"]
