@@ -228,9 +228,12 @@ class Trainer:
         dataset: TrainDataset,
         world: World,
         model_config: Callable[[nn.Module], dict[str, Any]] = default_model_config,
+        feature_cache=None,
     ) -> None:
         online.check_feature_layers(target, drafter.target_layer_ids)
         self.cfg, self.target, self.drafter, self.dataset, self.world = cfg, target, drafter, dataset, world
+        # A dspark.data.cache.FeatureCache whose samples are ``dataset``, or None for online features.
+        self.feature_cache = feature_cache
         self.model_config = model_config
         self.ckpt_root = Path(cfg.output_dir) / "checkpoints"
         self.identity = _run_identity(cfg, target, drafter, dataset)
@@ -283,16 +286,28 @@ class Trainer:
         micro = self.sampler.next_step()
         loss_sum, tokens = torch.zeros((), dtype=torch.float64, device=self.world.device), 0
         for i, mb in enumerate(micro):
-            tb = collate([self.dataset[j] for j in mb.indices], self.pad_id)
-            batch = online.target_batch(
-                self.target,
-                tb.input_ids,
-                tb.loss_mask,
-                num_anchors=self.cfg.num_anchors,
-                generator=online.anchor_generator(self.cfg.seed, step, mb.chunk),
-                device=self.world.device,
-                dtype=None if self.use_bf16 else torch.float32,  # a bf16 target's features, fp32 run
-            )
+            generator = online.anchor_generator(self.cfg.seed, step, mb.chunk)
+            dtype = None if self.use_bf16 else torch.float32  # a bf16 target's features, fp32 run
+            if self.feature_cache is not None:  # offline features (SPEC §7.3), same batch as online
+                batch = self.feature_cache.target_batch(
+                    mb.indices,
+                    pad_id=self.pad_id,
+                    num_anchors=self.cfg.num_anchors,
+                    generator=generator,
+                    device=self.world.device,
+                    dtype=dtype or torch.float32,
+                )
+            else:
+                tb = collate([self.dataset[j] for j in mb.indices], self.pad_id)
+                batch = online.target_batch(
+                    self.target,
+                    tb.input_ids,
+                    tb.loss_mask,
+                    num_anchors=self.cfg.num_anchors,
+                    generator=generator,
+                    device=self.world.device,
+                    dtype=dtype,
+                )
             with distributed.gradient_sync(self.model, enabled=i == len(micro) - 1):
                 with torch.autocast(self.world.device.type, dtype=torch.bfloat16, enabled=self.use_bf16):
                     loss, loss_out = self.model(batch)
@@ -405,19 +420,22 @@ def train(
     online_eval: OnlineEval | None = None,
     world: World | None = None,
     model_config: Callable[[nn.Module], dict[str, Any]] = default_model_config,
+    feature_cache=None,
 ) -> TrainResult:
     """Train ``drafter`` against the frozen ``target`` on ``dataset``; resumes from the latest checkpoint.
 
     ``world`` comes from :func:`distributed.init_from_env` under torchrun (default: the
     current process group, or one process on the target's device). ``model_config``
-    makes a checkpoint's ``config.json``. Every rank calls this with the same arguments.
+    makes a checkpoint's ``config.json``. ``feature_cache`` (a checked
+    :class:`dspark.data.cache.FeatureCache` built from ``dataset``'s records) replaces the
+    online target forward. Every rank calls this with the same arguments.
     The python/numpy/torch generators are seeded with ``cfg.seed + rank`` (or restored
     from the checkpoint); the drafter is moved to ``world.device`` in fp32.
     """
     started = time.perf_counter()
     world = world or distributed.current_world(target.device)
     dataset = dataset if isinstance(dataset, TrainDataset) else TrainDataset(dataset)
-    trainer = Trainer(cfg, target, drafter, dataset, world, model_config)
+    trainer = Trainer(cfg, target, drafter, dataset, world, model_config, feature_cache)
     start_step, last_ckpt = trainer.start()
     logger = MetricsLog(
         cfg.output_dir,
