@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from dspark.calibration.commands import add_calibrate_args, main_calibrate
 from dspark.data.commands import (
     add_cache_args,
     add_estimate_args,
@@ -27,6 +28,14 @@ from dspark.data.commands import (
 )
 from dspark.engine.commands import add_profile_args, main_profile
 from dspark.errors import DsparkError
+from dspark.eval.commands import (
+    add_eval_args,
+    add_sweep_block_size_args,
+    add_sweep_depth_args,
+    main_eval,
+    main_sweep_block_size,
+    main_sweep_depth,
+)
 from dspark.training.commands import add_train_args, main_train
 
 
@@ -293,6 +302,10 @@ COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[a
     "data regenerate": (add_regenerate_args, main_regenerate),
     "data cache": (add_cache_args, main_cache),
     "data estimate": (add_estimate_args, main_estimate),
+    "eval": (add_eval_args, main_eval),
+    "calibrate": (add_calibrate_args, main_calibrate),
+    "sweep block-size": (add_sweep_block_size_args, main_sweep_block_size),
+    "sweep depth": (add_sweep_depth_args, main_sweep_depth),
 }
 
 

@@ -108,17 +108,24 @@ def _from_record(record: Mapping, source: str, domain: str | None) -> Prompt:
 # -- one set ----------------------------------------------------------------------------------
 
 
-def _load_jsonl(path: Path) -> list[Prompt]:
+def _load_jsonl(path: Path, on_bad_line: str) -> list[Prompt]:
     prompts = []
     with open(path) as f:
         for n, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DsparkError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-            prompts.append(_from_record(record, f"{path}:{n}", path.stem))
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DsparkError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+                if not isinstance(record, dict):
+                    raise DsparkError(f"{path}:{n}: expected a JSON object, got {type(record).__name__}")
+                prompts.append(_from_record(record, f"{path}:{n}", path.stem))
+            except DsparkError as e:
+                if on_bad_line == "stop":
+                    raise
+                log.warning("skipping a bad line: %s", e)
     return prompts
 
 
@@ -142,8 +149,18 @@ def _load_hf(spec: str) -> list[Prompt]:
     return [_from_record(row, f"{spec}:{i}", domain) for i, row in enumerate(rows)]
 
 
-def load_prompts(spec: str, limit: int | None = None) -> list[Prompt]:
-    """Prompts of a built-in set name, a JSONL path or ``hf:NAME[:SPLIT]``; ``limit`` keeps the first N."""
+BAD_LINE_POLICIES = ("stop", "skip")
+
+
+def load_prompts(spec: str, limit: int | None = None, *, on_bad_line: str = "stop") -> list[Prompt]:
+    """Prompts of a built-in set name, a JSONL path or ``hf:NAME[:SPLIT]``; ``limit`` keeps the first N.
+
+    A JSONL line that is not a valid record stops the load with an error naming
+    ``file:line`` (``on_bad_line="stop"``), or is logged with that name and skipped
+    (``"skip"``; ``limit`` then counts good prompts).
+    """
+    if on_bad_line not in BAD_LINE_POLICIES:
+        raise ValueError(f"on_bad_line must be one of {BAD_LINE_POLICIES}, got {on_bad_line!r}")
     if spec in PROMPT_DOMAINS:
         records = builtin_prompts(spec)
         prompts = [_from_record(r, f"builtin:{spec}:{i}", spec) for i, r in enumerate(records)]
@@ -156,7 +173,7 @@ def load_prompts(spec: str, limit: int | None = None) -> list[Prompt]:
                 f"no prompt set {spec!r}: not a built-in set ({', '.join(PROMPT_DOMAINS)}), "
                 f"a file, nor {HF_PREFIX}NAME[:SPLIT]"
             )
-        prompts = _load_jsonl(path)
+        prompts = _load_jsonl(path, on_bad_line)
     return prompts[:limit] if limit is not None else prompts
 
 

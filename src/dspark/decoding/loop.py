@@ -20,6 +20,9 @@ from dspark.sampling import batch_probs, verify
 from dspark.targets import TargetAdapter, TargetCache
 
 OnTokens = Callable[[list[int]], None]
+# Called after each drafting round with the verified block and its accepted count; the
+# calls line up one to one with ``GenerationResult.rounds`` (calibration reads c_1..c_K).
+OnRound = Callable[[DraftBlock, int], None]
 
 
 @dataclass
@@ -107,12 +110,14 @@ def speculative_generate(
     block_size: int = 7,
     decode: Callable[[list[int]], str] | None = None,
     on_tokens: OnTokens | None = None,
+    on_round: OnRound | None = None,
 ) -> GenerationResult:
     """Generate up to ``params.max_tokens`` tokens after ``prompt_ids``, losslessly.
 
     ``drafter=None`` is plain autoregressive decoding through the same code path.
     ``decode`` turns ids into text (needed for stop strings and ``result.text``);
-    ``on_tokens`` is called with each round's emitted tokens, for streaming.
+    ``on_tokens`` is called with each round's emitted tokens, for streaming;
+    ``on_round(block, num_accepted)`` after each drafting round (see :data:`OnRound`).
     """
     if not prompt_ids:
         raise DsparkError("the prompt is empty")
@@ -149,6 +154,8 @@ def speculative_generate(
         )
         emitted, accepted, new_features = _round(target, drafter, req, block)
         cut = commit(emitted, int(block.lengths[0]), accepted)
+        if on_round is not None:
+            on_round(block, accepted)
         if drafter is not None:
             drafter.update(req.state, accepted, new_features)
     text = cut.text if cut.text is not None else (decode(generated) if decode else "")

@@ -10,8 +10,8 @@ import importlib
 
 _EXPORTS = {
     "Engine": "dspark.engine.engine",
-    "EngineConfig": "dspark.engine.engine",
-    "EngineStats": "dspark.engine.engine",
+    "EngineConfig": "dspark.engine.config",
+    "EngineStats": "dspark.engine.config",
     "TokenEvent": "dspark.engine.requests",
 }
 

@@ -30,13 +30,12 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from dspark.decoding.stopping import cut_round
+from dspark.engine.config import DEFAULT_MAX_SEQ_LEN, EngineConfig, EngineStats
 from dspark.engine.kv import KVMemory
 from dspark.engine.profile import load_or_profile
 from dspark.engine.requests import OnTokens, Request, TokenEvent
@@ -56,57 +55,6 @@ from dspark.targets.paged import KVStore, Run, flat_forward
 
 logger = logging.getLogger(__name__)
 
-# Slots are preallocated at full length: a model's whole context (40k tokens for Qwen3)
-# times 32 slots would not fit anywhere, so the default is modest; raise it per engine.
-DEFAULT_MAX_SEQ_LEN = 4096
-
-
-@dataclass(frozen=True, kw_only=True)
-class EngineConfig:
-    """Shape and policies of an :class:`Engine`."""
-
-    block_size: int = 7  # γ: most drafts per request per step
-    policy: str = "prefix"  # fixed | fixed:k | threshold:t | prefix | prefix-async (SPEC §9)
-    max_batch: int = 32  # KV slots = requests decoded at once; more wait in the queue
-    max_seq_len: int | None = None  # tokens per slot (prompt + answer); None = min(target's context, 4096)
-    prefill_chunk: int = 256  # prompt tokens prefilled per step, over all prefilling requests
-    early_exit: float = 0.1  # skip drafting while P(first draft accepted) is predicted below this
-    probe_every: int = 8  # ... but draft at least every this many rounds to refresh the prediction
-    sps_path: Path | None = None  # SPS profile to load or create; None = the per-target cache file
-
-    def __post_init__(self) -> None:
-        parse_policy(self.policy)  # fail at construction on a bad spec
-        if self.block_size < 0 or self.max_batch < 1 or self.prefill_chunk < 1 or self.probe_every < 1:
-            raise ValueError(f"bad engine config {self}")
-
-
-@dataclass
-class EngineStats:
-    """Cumulative counters and timings (seconds) of an engine's steps."""
-
-    steps: int = 0
-    rounds: int = 0  # decode rounds over all requests
-    drafted: int = 0  # draft tokens proposed
-    verified: int = 0  # draft tokens sent to verification
-    accepted: int = 0
-    emitted: int = 0
-    prefill_tokens: int = 0
-    step_s: float = 0.0
-    draft_s: float = 0.0  # drafter.propose
-    forward_s: float = 0.0  # the target's verification/prefill forward
-    forward_tokens: int = 0  # sum over steps of B, the tokens of the step's forward
-    max_forward_tokens: int = 0
-
-    @property
-    def overhead_share(self) -> float:
-        """Share of step time spent outside model forwards (target and drafter)."""
-        return 1.0 - (self.forward_s + self.draft_s) / self.step_s if self.step_s else 0.0
-
-    @property
-    def tau(self) -> float:
-        """Acceptance length τ over all rounds, bonus included (SPEC §2)."""
-        return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
-
 
 class Engine:
     """Continuous-batching speculative decoding over one target and one drafter.
@@ -120,11 +68,12 @@ class Engine:
         self,
         target: TargetAdapter,
         drafter: Drafter | None = None,
-        config: EngineConfig = EngineConfig(),
+        config: EngineConfig | None = None,
         *,
         sps: SpsTable | None = None,
         decode: Callable[[list[int]], str] | None = None,
     ) -> None:
+        config = config or EngineConfig()
         self.target, self.drafter, self.config = target, drafter, config
         self.policy = parse_policy(config.policy)
         capacity = min(config.max_seq_len or DEFAULT_MAX_SEQ_LEN, target.max_context)
@@ -361,11 +310,13 @@ class Engine:
         if R == 0:
             return []
         L = int(lengths.max())
+        device = out.logits.device
         # Row t of request r: its anchor's flat row + t (rows past ℓ_r repeat the last, unused).
         rows = torch.tensor(offsets).unsqueeze(-1) + torch.minimum(torch.arange(L + 1), lengths.unsqueeze(-1))
+        rows = rows.to(device)  # [R, L+1]
         params = [r.params for r in decoding]
         target_probs = batch_probs(out.logits[rows], params)  # [R, L+1, V]
-        tokens = torch.zeros(R, L, dtype=torch.long)  # [R, L]
+        tokens = torch.zeros(R, L, dtype=torch.long, device=device)  # [R, L]
         draft_probs = None
         n_verified = lengths.tolist()
         if L > 0:
@@ -373,14 +324,14 @@ class Engine:
             for i, (req, n) in enumerate(zip(decoding, n_verified)):
                 if n > 0:
                     j = drafting[req.id]
-                    tokens[i, :n] = block.tokens[j, :n].cpu()
+                    tokens[i, :n] = block.tokens[j, :n].to(device)
                     draft_probs[i, :n] = block.probs[j, :n].to(draft_probs)
         result = verify(
             tokens,
-            lengths,
+            lengths.to(device),
             draft_probs,
             target_probs,
-            greedy=torch.tensor([p.greedy for p in params]),
+            greedy=torch.tensor([p.greedy for p in params], device=device),
             generators=[r.generator for r in decoding],
         )
         n_accepted = result.num_accepted.tolist()

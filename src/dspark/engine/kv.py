@@ -48,7 +48,11 @@ class KVMemory:
         return slot
 
     def release(self, request_id: int) -> None:
-        """Free the request's slot; the last occupied slot moves into it."""
+        """Free the request's slot; the last occupied slot moves into it.
+
+        The move copies the moved request's committed ``length`` positions: commit every
+        request's step before releasing any (tokens written past ``length`` are lost).
+        """
         slot = self._slot.pop(request_id)
         del self._length[request_id]
         last = len(self._owner) - 1

@@ -123,7 +123,8 @@ class EngineWorker:
             self.error = e
             for sink in self._sinks.values():
                 sink.put("error", EngineDeadError(f"engine failed: {e!r}"))
-        for rid in list(self._sinks):
+            self._sinks.clear()
+        for rid in list(self._sinks):  # closed while requests were running
             self.engine.cancel(rid)
             self._sinks.pop(rid).put("error", EngineDeadError("the engine was closed"))
 

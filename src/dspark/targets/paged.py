@@ -144,7 +144,10 @@ class FlatStep:
 
     @classmethod
     def build(cls, store: KVStore, runs: list[Run], *, short_run: int = 16) -> FlatStep:
-        """Lay out ``runs`` (in flattened order); runs longer than ``short_run`` attend alone."""
+        """Lay out ``runs`` (in flattened order); runs longer than ``short_run`` attend alone.
+
+        Index tensors are built on the store's device.
+        """
         assert runs, "a step needs at least one run"
         slots, positions, offsets = [], [], []
         offset = 0
@@ -156,14 +159,15 @@ class FlatStep:
             positions += range(run.start, run.start + run.length)
             offsets.append(offset)
             offset += run.length
+        device = store.k.device
         short = [(r, o) for r, o in zip(runs, offsets) if r.length <= short_run]
-        groups = [_build_group([(r, o)]) for r, o in zip(runs, offsets) if r.length > short_run]
+        groups = [_build_group([(r, o)], device) for r, o in zip(runs, offsets) if r.length > short_run]
         if short:
-            groups.append(_build_group(short))
-        return cls(store, torch.tensor(slots), torch.tensor(positions), groups)
+            groups.append(_build_group(short, device))
+        return cls(store, torch.tensor(slots, device=device), torch.tensor(positions, device=device), groups)
 
 
-def _build_group(members: list[tuple[Run, int]]) -> _Group:
+def _build_group(members: list[tuple[Run, int]], device: torch.device) -> _Group:
     """One group over the slot range its runs span; a slot without a run is a dummy row."""
     by_slot = {run.slot: (run, offset) for run, offset in members}
     assert len(by_slot) == len(members), "two runs of one slot in a step"
@@ -175,12 +179,19 @@ def _build_group(members: list[tuple[Run, int]]) -> _Group:
     for slot, (run, offset) in by_slot.items():
         i = slot - lo
         gather[i, : run.length] = torch.arange(offset, offset + run.length)
-        # Padding rows continue the run's positions: they see only causal keys, never NaN.
-        positions[i] = torch.arange(run.start, run.start + Tg)
+        # Padding rows repeat the last real position: never an empty (NaN) softmax row.
+        positions[i] = run.start + torch.arange(Tg).clamp(max=run.length - 1)
         rows += range(i * Tg, i * Tg + run.length)
         dst += range(offset, offset + run.length)
     kv_len = max(run.start + run.length for run, _ in members)
-    return _Group(slice(lo, hi + 1), kv_len, gather, torch.tensor(rows), torch.tensor(dst), positions)
+    return _Group(
+        slots=slice(lo, hi + 1),
+        kv_len=kv_len,
+        gather=gather.to(device),
+        rows=torch.tensor(rows, device=device),
+        dst=torch.tensor(dst, device=device),
+        positions=positions.to(device),
+    )
 
 
 def _flat_attention(
@@ -264,9 +275,6 @@ def flat_forward(
     assert sum(r.length for r in runs) == N, f"{N} ids for runs of {sum(r.length for r in runs)} tokens"
     step = FlatStep.build(store, runs)
     device = target.device
-    step.slots, step.positions = step.slots.to(device), step.positions.to(device)
-    for g in step.groups:
-        g.gather, g.rows, g.dst, g.positions = (t.to(device) for t in (g.gather, g.rows, g.dst, g.positions))
     captured: dict[int, Tensor] = {}
     # The adapter's own feature hooks (same package): one forward records the raw layer outputs.
     hooks = target._capture_features(captured) if with_features else []

@@ -85,3 +85,26 @@ def test_cancel_errors_and_close(target, sps, prompts_refs):
 
     with pytest.raises(EngineDeadError):
         asyncio.run(after_close())
+
+
+def test_a_failing_step_kills_the_engine_loudly(target, sps, prompts_refs):
+    class Broken:
+        target_layer_ids: tuple[int, ...] = ()
+
+        def propose(self, states, max_len, sampling):
+            raise RuntimeError("drafter exploded")
+
+        def update(self, state, num_accepted, new_features):
+            pass
+
+    worker = EngineWorker(Engine(target, Broken(), EngineConfig(policy="fixed", max_seq_len=64)))
+
+    async def main():
+        await worker.generate(prompts_refs[0][0], GREEDY)
+
+    try:
+        with pytest.raises(EngineDeadError, match="drafter exploded"):
+            asyncio.run(main())
+        assert not worker.alive and isinstance(worker.error, RuntimeError)
+    finally:
+        worker.close()

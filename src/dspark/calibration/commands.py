@@ -1,0 +1,228 @@
+"""``dspark calibrate``: fit STS temperatures on real rounds and write them into the drafter (SPEC §8).
+
+1. Decode a held-out prompt set with the drafter (the evaluation runner, no plain
+   baseline) and keep every round's confidences and accepted count.
+2. Split the rounds by prompt: STS is fitted on one part, and ECE / AUC / Brier per
+   position before and after are reported on the other (``--holdout-fraction``).
+3. Write the temperatures into the drafter folder's ``config.json``
+   (``sts_temperatures``), composed with any it already had, so that every consumer
+   of the drafter (the loop, the engine, the scheduler) sees calibrated confidences.
+4. Report: ``calibration.json``, ``reliability.png`` (paper Fig. 6), ``calibration.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from dspark.errors import DsparkError
+
+POSITIONS_SHOWN = (1, 3, 5, 7)  # the paper's Fig. 6 panels
+
+
+def add_calibrate_args(p: argparse.ArgumentParser) -> None:
+    from dspark.eval.commands import add_decoding_args, add_target_args
+
+    p.add_argument(
+        "--drafter", required=True, help="a DSpark drafter with a confidence head: shipped name or folder"
+    )
+    add_decoding_args(p)
+    add_target_args(p)
+    p.add_argument(
+        "--skip",
+        type=int,
+        default=0,
+        help="skip the first N prompts of each benchmark (keep calibration prompts apart from `dspark "
+        "eval --limit N`)",
+    )
+    p.add_argument(
+        "--holdout-fraction",
+        type=float,
+        default=0.25,
+        help="share of the prompts kept out of the fit to report before/after metrics on (0: in-sample)",
+    )
+    p.add_argument("--bins", type=int, default=20, help="equal-width ECE bins")
+    p.add_argument(
+        "--save-to",
+        type=Path,
+        default=None,
+        help="write a calibrated copy of the drafter folder here (default: update the drafter folder itself)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="fit and report, but write no temperatures")
+    p.add_argument(
+        "--out", type=Path, required=True, help="folder for calibration.json, the plot and the report"
+    )
+
+
+def _drafter_folder(spec: str) -> Path:
+    from dspark.drafters.kinds import KINDS
+    from dspark.drafters.registry import shipped_drafter_dir
+
+    folder = shipped_drafter_dir(spec) if spec in KINDS else Path(spec).expanduser()
+    if not (folder / "config.json").is_file():
+        raise DsparkError(f"{spec!r} is not a drafter folder; only a trained drafter can be calibrated")
+    raw = json.loads((folder / "config.json").read_text())
+    if not raw.get("enable_confidence_head"):
+        raise DsparkError(f"{folder}: this drafter has no confidence head, so there is nothing to calibrate")
+    return folder
+
+
+def write_temperatures(folder: Path, temperatures: tuple[float, ...]) -> None:
+    """Set ``sts_temperatures`` in ``folder/config.json`` atomically; weights are untouched."""
+    path = folder / "config.json"
+    raw = json.loads(path.read_text())
+    raw["sts_temperatures"] = [float(t) for t in temperatures]
+    fd, tmp = tempfile.mkstemp(prefix=".config.", dir=folder)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(raw, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def _fmt(v: float | None, pct: bool = False) -> str:
+    if v is None:
+        return "–"
+    return f"{100 * v:.2f}%" if pct else f"{v:.3f}"
+
+
+def _temps(temps: list[float] | None) -> str:
+    return "none" if not temps else "[" + ", ".join(f"{t:.3f}" for t in temps) + "]"
+
+
+def _report_md(summary: dict, positions: list[int]) -> str:
+    from dspark.eval.report import md_table
+
+    rows = []
+    for b, a in zip(summary["before"], summary["after"]):
+        rows.append(
+            [
+                str(b["position"]),
+                str(b["num_rounds"]),
+                _fmt(b["observed"]),
+                _fmt(b["mean_predicted"]) + " → " + _fmt(a["mean_predicted"]),
+                _fmt(b["ece"], True) + " → " + _fmt(a["ece"], True),
+                _fmt(b["brier"]) + " → " + _fmt(a["brier"]),
+                _fmt(b["auc"]) + " → " + _fmt(a["auc"]),
+                _fmt(b["conditional_auc"]),
+                f"{summary['fitted_temperatures'][b['position'] - 1]:.3f}",
+            ]
+        )
+    header = ["k", "rounds", "observed a_k", "mean a_k", "ECE", "Brier", "AUC (a_k)", "AUC (c_k)", "T_k"]
+    return (
+        "\n\n".join(
+            [
+                "# Confidence calibration (Sequential Temperature Scaling)",
+                f"- drafter: `{summary['drafter']}`; {summary['fit_rounds']} rounds fitted, "
+                f"{summary['report_rounds']} reported ({summary['report_set']}), {summary['bins']} ECE bins",
+                f"- temperatures: {_temps(summary['temperatures'])} (previous: "
+                f"{_temps(summary['previous_temperatures'])}), written to `{summary['written_to']}`",
+                'Survival `a_k = Π_{i≤k} c_i` against "the first k drafts accepted", over rounds '
+                "that proposed ≥ k drafts; AUC (c_k) scores the conditional confidence where drafts "
+                "1..k−1 were accepted (temperature scaling preserves its order, so it does not move).",
+                md_table(header, rows),
+                f"### Reliability diagrams (paper Fig. 6), positions {', '.join(map(str, positions))}\n\n"
+                "![reliability](reliability.png)",
+            ]
+        )
+        + "\n"
+    )
+
+
+def main_calibrate(args: argparse.Namespace) -> int:
+    """Fit STS temperatures on held-out rounds, write them into the drafter, report ECE/AUC/Brier."""
+    from dspark.calibration.collect import ConfidenceRounds, split_by_group
+    from dspark.calibration.metrics import position_calibration
+    from dspark.calibration.sts import apply_sts, compose_temperatures, fit_sts
+    from dspark.drafters.folder import load_drafter
+    from dspark.eval import plots
+    from dspark.eval.commands import eval_config, load_benchmarks, load_drafters, load_target, setup_threads
+    from dspark.eval.report import write_json
+    from dspark.eval.runner import run_eval
+
+    setup_threads(args)
+    if not 0.0 <= args.holdout_fraction < 1.0:
+        raise DsparkError(f"--holdout-fraction must be in [0, 1), got {args.holdout_fraction}")
+    if args.skip < 0 or args.bins < 1:
+        raise DsparkError("--skip must be >= 0 and --bins >= 1")
+    config = eval_config(args, baseline=False)
+    folder = _drafter_folder(args.drafter)
+    benchmarks = load_benchmarks(args, skip=args.skip)
+    target = load_target(args)
+    drafter = load_drafters({"drafter": str(folder)}, target)["drafter"]
+
+    result = run_eval(target, {"drafter": drafter}, benchmarks, config)
+    parts, offset = [], 0
+    for bench in benchmarks:  # prompt ids unique across benchmarks, for the split
+        rounds = result.confidence_rounds.get(("drafter", bench.name))
+        if rounds is not None:
+            parts.append(dataclasses.replace(rounds, group=rounds.group + offset))
+        offset += len(bench.prompts)
+    block_size = drafter.block_size
+    rounds = ConfidenceRounds.concat(parts, block_size)
+    if rounds.num_rounds == 0:
+        raise DsparkError("no round proposed drafts; nothing to calibrate (more prompts or --max-tokens?)")
+    fit, report = split_by_group(rounds, args.holdout_fraction, seed=args.seed)
+    fitted = fit_sts(fit, bins=args.bins)
+    before = position_calibration(report, args.bins)
+    after = position_calibration(report.with_confidences(apply_sts(report.confidences, fitted)), args.bins)
+    previous = getattr(drafter.config, "sts_temperatures", None)
+    temperatures = compose_temperatures(previous, fitted)
+
+    written = None
+    if not args.dry_run:
+        target_folder = args.save_to or folder
+        if args.save_to is not None:
+            if args.save_to.exists():
+                shutil.rmtree(args.save_to)
+            shutil.copytree(folder, args.save_to)
+        write_temperatures(target_folder, temperatures)
+        reloaded = load_drafter(target_folder, target)  # the strict loader accepts what we wrote
+        assert tuple(reloaded.config.sts_temperatures) == temperatures
+        written = str(target_folder)
+
+    shown = (
+        [k for k in POSITIONS_SHOWN if k <= block_size] if block_size >= 7 else list(range(1, block_size + 1))
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    plots.plot_reliability(before, after, args.out / "reliability.png", positions=shown)
+    same = report is fit
+    summary = {
+        "drafter": str(folder),
+        "written_to": written,
+        "temperatures": list(temperatures),
+        "fitted_temperatures": list(fitted),
+        "previous_temperatures": list(previous) if previous else None,
+        "fit_rounds": fit.num_rounds,
+        "report_rounds": report.num_rounds,
+        "report_set": "in-sample" if same else f"held-out {args.holdout_fraction:.0%} of the prompts",
+        "bins": args.bins,
+        "mean_ece_before": float(np.mean([p.ece for p in before])),
+        "mean_ece_after": float(np.mean([p.ece for p in after])),
+        "before": [dataclasses.asdict(p) for p in before],
+        "after": [dataclasses.asdict(p) for p in after],
+    }
+    write_json(args.out / "calibration.json", summary)
+    (args.out / "calibration.md").write_text(_report_md(summary, shown))
+    print(
+        json.dumps(
+            {
+                k: summary[k]
+                for k in (
+                    "temperatures",
+                    "written_to",
+                    "fit_rounds",
+                    "report_rounds",
+                    "mean_ece_before",
+                    "mean_ece_after",
+                )
+            },
+            indent=2,
+        )
+    )
+    return 0

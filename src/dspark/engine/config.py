@@ -1,0 +1,59 @@
+"""Configuration and counters of the engine (SPEC §10)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from dspark.scheduler import parse_policy
+
+# Slots are preallocated at full length: a model's whole context (40k tokens for Qwen3)
+# times 32 slots would not fit anywhere, so the default is modest; raise it per engine.
+DEFAULT_MAX_SEQ_LEN = 4096
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """Shape and policies of an :class:`Engine`."""
+
+    block_size: int = 7  # γ: most drafts per request per step
+    policy: str = "prefix"  # fixed | fixed:k | threshold:t | prefix | prefix-async (SPEC §9)
+    max_batch: int = 32  # KV slots = requests decoded at once; more wait in the queue
+    max_seq_len: int | None = None  # tokens per slot (prompt + answer); None = min(target's context, 4096)
+    prefill_chunk: int = 256  # prompt tokens prefilled per step, over all prefilling requests
+    early_exit: float = 0.1  # skip drafting while P(first draft accepted) is predicted below this
+    probe_every: int = 8  # ... but draft at least every this many rounds to refresh the prediction
+    sps_path: Path | None = None  # SPS profile to load or create; None = the per-target cache file
+
+    def __post_init__(self) -> None:
+        parse_policy(self.policy)  # fail at construction on a bad spec
+        if self.block_size < 0 or self.max_batch < 1 or self.prefill_chunk < 1 or self.probe_every < 1:
+            raise ValueError(f"bad engine config {self}")
+
+
+@dataclass
+class EngineStats:
+    """Cumulative counters and timings (seconds) of an engine's steps."""
+
+    steps: int = 0
+    rounds: int = 0  # decode rounds over all requests
+    drafted: int = 0  # draft tokens proposed
+    verified: int = 0  # draft tokens sent to verification
+    accepted: int = 0
+    emitted: int = 0
+    prefill_tokens: int = 0
+    step_s: float = 0.0
+    draft_s: float = 0.0  # drafter.propose
+    forward_s: float = 0.0  # the target's verification/prefill forward
+    forward_tokens: int = 0  # sum over steps of B, the tokens of the step's forward
+    max_forward_tokens: int = 0
+
+    @property
+    def overhead_share(self) -> float:
+        """Share of step time spent outside model forwards (target and drafter)."""
+        return 1.0 - (self.forward_s + self.draft_s) / self.step_s if self.step_s else 0.0
+
+    @property
+    def tau(self) -> float:
+        """Acceptance length τ over all rounds, bonus included (SPEC §2)."""
+        return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0

@@ -1,0 +1,363 @@
+"""Real speculative decoding of benchmarks with several drafters, side by side (SPEC §12).
+
+Every drafter answers the same prompts with the same seeds (one seed per prompt and
+turn), and the plain target answers them too, interleaved prompt by prompt, so that
+machine noise hits every method alike and the speedup is a ratio from one run. Each
+answer is the first user turn through the target's chat template (every turn, feeding
+back the method's own answers, with ``multi_turn``). Rounds are summarised with the
+metrics of SPEC §2 (:mod:`dspark.eval.metrics`); drafters that report confidences also
+get the static threshold sweep of paper Fig. 5, and their rounds are kept for
+calibration (:mod:`dspark.calibration`).
+
+This runs the batch-1 reference loop (:func:`dspark.decoding.speculative_generate`);
+the batched engine (SPEC §10) will replace it here once it is stable, which changes
+tokens/s but none of the acceptance figures.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from tqdm import tqdm
+
+from dspark.calibration.collect import ConfidenceRounds, RoundRecorder
+from dspark.calibration.threshold import ThresholdSweep, threshold_sweep
+from dspark.data.prompts import Prompt
+from dspark.decoding import speculative_generate
+from dspark.errors import DsparkError
+from dspark.eval.benchmarks import Benchmark
+from dspark.eval.metrics import acceptance_stats, macro_average, mean_defined
+from dspark.protocols import Drafter, RoundLog, SamplingParams
+from dspark.targets import TargetAdapter
+
+log = logging.getLogger(__name__)
+
+PLAIN = "none"  # the registry's name for plain decoding: the speedup baseline
+DEFAULT_BLOCK_SIZE = 7
+
+
+# -- configuration and results ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    temperature: float = 1.0  # the paper's setting; 0 = greedy
+    max_tokens: int = 256
+    multi_turn: bool = False
+    seed: int = 0
+    block_size: int | None = None  # drafts per round; None = each drafter's own γ
+    baseline: bool = True  # also decode with the plain target (for the speedup)
+    template_kwargs: Mapping = field(default_factory=dict)  # passed to the chat template (SPEC §7.4)
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class EvalRow:
+    """One method on one benchmark (metric definitions: :mod:`dspark.eval.metrics`)."""
+
+    drafter: str
+    benchmark: str
+    domain: str
+    num_prompts: int
+    block_size: int
+    tau: float
+    num_rounds: int
+    tokens: int
+    seconds: float
+    tokens_per_s: float
+    speedup: float | None  # tokens/s over the plain target's on the same prompts; None without baseline
+    histogram: list[int]  # [γ+1] rounds emitting 1..γ+1 tokens
+    prefix_survival: list[float | None]  # [γ]
+    conditional_acceptance: list[float | None]  # [γ]
+    verify_rate: float | None
+    verified_per_round: float
+
+
+@dataclass(frozen=True)
+class DomainRow:
+    """Macro averages over the benchmarks of one domain: each benchmark weighs the same."""
+
+    drafter: str
+    domain: str
+    benchmarks: list[str]
+    tau: float
+    speedup: float | None
+    tokens_per_s: float
+    prefix_survival: list[float | None]
+    conditional_acceptance: list[float | None]
+    verify_rate: float | None
+
+
+@dataclass(frozen=True)
+class ThresholdRow:
+    """The threshold sweep of one drafter over the pooled rounds of one domain (paper Fig. 5)."""
+
+    drafter: str
+    domain: str
+    sweep: ThresholdSweep
+
+
+@dataclass
+class EvalResult:
+    config: EvalConfig
+    rows: list[EvalRow]
+    domains: list[DomainRow]
+    thresholds: list[ThresholdRow]
+    # (drafter, benchmark) -> rounds with confidences, for drafters that report them.
+    confidence_rounds: dict[tuple[str, str], ConfidenceRounds] = field(default_factory=dict)
+
+    def row(self, drafter: str, benchmark: str) -> EvalRow:
+        return next(r for r in self.rows if r.drafter == drafter and r.benchmark == benchmark)
+
+
+# -- decoding ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Tally:
+    """What one method produced on one benchmark so far."""
+
+    rounds: list[RoundLog] = field(default_factory=list)
+    confidence: list[ConfidenceRounds] = field(default_factory=list)
+    tokens: int = 0
+    seconds: float = 0.0
+
+
+def _seed(base: int, prompt_index: int, turn: int) -> int:
+    return base * 1_000_003 + prompt_index * 64 + turn
+
+
+def _conversation_ids(target: TargetAdapter, messages: list[dict], template_kwargs: Mapping) -> list[int]:
+    encoded = target.tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=True, **template_kwargs
+    )
+    return list(encoded["input_ids"])
+
+
+def _first_messages(prompt: Prompt) -> list[dict]:
+    system = [{"role": "system", "content": prompt.system}] if prompt.system else []
+    return [*system, {"role": "user", "content": prompt.turns[0]}]
+
+
+def block_size_of(drafter: Drafter | None, config: EvalConfig) -> int:
+    """Drafts per round: the configured γ, else the drafter's own (0 for plain decoding)."""
+    if drafter is None:
+        return 0
+    if config.block_size is not None:
+        return config.block_size
+    return int(getattr(drafter, "block_size", DEFAULT_BLOCK_SIZE))
+
+
+def check_drafter_fits(name: str, drafter: Drafter | None, target: TargetAdapter) -> None:
+    """Refuse a drafter whose shared embedding / LM head are not the target's.
+
+    A drafter folder carries copies of its target's (frozen) embedding and LM head
+    (SPEC §5.4); :func:`dspark.drafters.folder.load_drafter` has checked the shapes and
+    fields, but a drafter trained for another target of the same shape passes those
+    checks. Its copies differ from this target's far beyond bf16 rounding. 256 spread
+    rows are compared, which is enough to tell and cheap for a 150k-token vocabulary.
+    """
+    for attr, theirs in (
+        ("embed_tokens", target.model.get_input_embeddings()),
+        ("lm_head", target.model.get_output_embeddings()),
+    ):
+        mine = getattr(drafter, attr, None)
+        if mine is None or theirs is None or mine.weight.shape != theirs.weight.shape:
+            continue
+        rows = torch.linspace(0, mine.weight.shape[0] - 1, 256).long().unique()  # [<=256]
+        a = mine.weight.detach()[rows.to(mine.weight.device)].float().cpu()  # [n, H]
+        b = theirs.weight.detach()[rows.to(theirs.weight.device)].float().cpu()  # [n, H]
+        if not torch.allclose(a, b, rtol=2e-2, atol=1e-3 * float(b.abs().max().clamp_min(1e-6))):
+            raise DsparkError(
+                f"drafter {name!r} was trained for another target: its {attr} differs from this target's "
+                f"(max difference {float((a - b).abs().max()):.3g})"
+            )
+
+
+def _use_feature_layers(target: TargetAdapter, drafter: Drafter | None) -> None:
+    """Drafters may read different target layers; the adapter computes the current one's."""
+    ids = tuple(getattr(drafter, "target_layer_ids", ()) or ())
+    if ids and ids != tuple(target.target_layer_ids):
+        target.target_layer_ids = ids
+
+
+def _answer(
+    target: TargetAdapter,
+    drafter: Drafter | None,
+    prompt: Prompt,
+    index: int,
+    config: EvalConfig,
+    tally: _Tally,
+    max_tokens: int | None = None,
+) -> None:
+    """Decode one prompt (all its turns with ``multi_turn``) and add the rounds to ``tally``."""
+    block_size = block_size_of(drafter, config)
+    messages = _first_messages(prompt)
+    turns = prompt.turns if config.multi_turn else prompt.turns[:1]
+    tok = target.tokenizer
+
+    def decode(ids: list[int]) -> str:
+        return tok.decode(ids, skip_special_tokens=True)
+
+    for turn, text in enumerate(turns):
+        if turn > 0:
+            messages.append({"role": "user", "content": text})
+        ids = _conversation_ids(target, messages, config.template_kwargs)
+        if len(ids) + 1 > target.max_context:
+            log.warning(
+                "%s: turn %d no longer fits the context; stopping this conversation", prompt.source, turn
+            )
+            return
+        params = SamplingParams(
+            temperature=config.temperature,
+            max_tokens=max_tokens or config.max_tokens,
+            seed=_seed(config.seed, index, turn),
+        )
+        recorder = RoundRecorder(group=index)
+        result = speculative_generate(
+            target,
+            drafter,
+            ids,
+            params,
+            block_size=block_size,
+            decode=decode if config.multi_turn else None,
+            on_round=recorder,
+        )
+        tally.rounds += result.rounds
+        tally.tokens += len(result.token_ids)
+        tally.seconds += result.seconds
+        recorded = recorder.rounds(block_size)
+        if recorded.num_rounds:
+            tally.confidence.append(recorded)
+        messages.append({"role": "assistant", "content": result.text})
+
+
+def check_prompts_fit(target: TargetAdapter, benchmarks: Sequence[Benchmark], config: EvalConfig) -> None:
+    """Refuse, before any decoding, a first turn that leaves no room in the target's context."""
+    for bench in benchmarks:
+        for prompt in bench.prompts:
+            n = len(_conversation_ids(target, _first_messages(prompt), config.template_kwargs))
+            if n + 1 > target.max_context:
+                raise DsparkError(
+                    f"{prompt.source}: the prompt has {n} tokens; "
+                    f"the target's context is {target.max_context}"
+                )
+
+
+# -- summaries ---------------------------------------------------------------------------------
+
+
+def _row(name: str, bench: Benchmark, tally: _Tally, block_size: int, plain_tps: float | None) -> EvalRow:
+    stats = acceptance_stats(tally.rounds, block_size)
+    tps = tally.tokens / tally.seconds if tally.seconds > 0 else 0.0
+    return EvalRow(
+        drafter=name,
+        benchmark=bench.name,
+        domain=bench.domain,
+        num_prompts=len(bench.prompts),
+        block_size=block_size,
+        tau=stats.tau,
+        num_rounds=stats.num_rounds,
+        tokens=tally.tokens,
+        seconds=tally.seconds,
+        tokens_per_s=tps,
+        speedup=tps / plain_tps if plain_tps else None,
+        histogram=stats.histogram,
+        prefix_survival=stats.prefix_survival,
+        conditional_acceptance=stats.conditional_acceptance,
+        verify_rate=stats.verify_rate,
+        verified_per_round=stats.verified_per_round,
+    )
+
+
+def domain_rows(rows: Sequence[EvalRow]) -> list[DomainRow]:
+    """Macro averages of ``rows`` per (drafter, domain), in first-seen order."""
+    groups: dict[tuple[str, str], list[EvalRow]] = defaultdict(list)
+    for r in rows:
+        groups[(r.drafter, r.domain)].append(r)
+    out = []
+    for (drafter, domain), group in groups.items():
+        out.append(
+            DomainRow(
+                drafter=drafter,
+                domain=domain,
+                benchmarks=[r.benchmark for r in group],
+                tau=sum(r.tau for r in group) / len(group),
+                speedup=mean_defined([r.speedup for r in group]),
+                tokens_per_s=sum(r.tokens_per_s for r in group) / len(group),
+                prefix_survival=macro_average([r.prefix_survival for r in group]),
+                conditional_acceptance=macro_average([r.conditional_acceptance for r in group]),
+                verify_rate=mean_defined([r.verify_rate for r in group]),
+            )
+        )
+    return out
+
+
+def _threshold_rows(
+    confidence: Mapping[tuple[str, str], ConfidenceRounds], benchmarks: Sequence[Benchmark]
+) -> list[ThresholdRow]:
+    domain_of = {b.name: b.domain for b in benchmarks}
+    pooled: dict[tuple[str, str], list[ConfidenceRounds]] = defaultdict(list)
+    for (drafter, bench), rounds in confidence.items():
+        pooled[(drafter, domain_of[bench])].append(rounds)
+    return [
+        ThresholdRow(drafter, domain, threshold_sweep(ConfidenceRounds.concat(parts, parts[0].block_size)))
+        for (drafter, domain), parts in pooled.items()
+    ]
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def run_eval(
+    target: TargetAdapter,
+    drafters: Mapping[str, Drafter | None],
+    benchmarks: Sequence[Benchmark],
+    config: EvalConfig,
+) -> EvalResult:
+    """Decode every benchmark with every drafter (and the plain target); see the module docstring."""
+    if not drafters:
+        raise DsparkError("no drafters to evaluate")
+    check_prompts_fit(target, benchmarks, config)
+    methods: dict[str, Drafter | None] = dict(drafters)
+    if config.baseline and PLAIN not in methods:
+        methods = {PLAIN: None, **methods}
+    # One short untimed answer per method first: lazy initialisation must not bill the first one.
+    warmup = benchmarks[0].prompts[0]
+    for drafter in methods.values():
+        _use_feature_layers(target, drafter)
+        _answer(target, drafter, warmup, 0, config, _Tally(), max_tokens=min(8, config.max_tokens))
+
+    total = sum(len(b.prompts) for b in benchmarks) * len(methods)
+    rows: list[EvalRow] = []
+    confidence: dict[tuple[str, str], ConfidenceRounds] = {}
+    with tqdm(total=total, desc="eval", unit="answer", disable=not config.progress) as bar:
+        for bench in benchmarks:
+            tallies = {name: _Tally() for name in methods}
+            for i, prompt in enumerate(bench.prompts):
+                for name, drafter in methods.items():
+                    bar.set_postfix_str(f"{bench.name} · {name}", refresh=False)
+                    _use_feature_layers(target, drafter)
+                    _answer(target, drafter, prompt, i, config, tallies[name])
+                    bar.update(1)
+            plain = tallies.get(PLAIN)
+            plain_tps = plain.tokens / plain.seconds if plain is not None and plain.seconds > 0 else None
+            for name, drafter in methods.items():
+                block_size = block_size_of(drafter, config)
+                rows.append(_row(name, bench, tallies[name], block_size, plain_tps))
+                if tallies[name].confidence:
+                    confidence[(name, bench.name)] = ConfidenceRounds.concat(
+                        tallies[name].confidence, block_size
+                    )
+    return EvalResult(
+        config=config,
+        rows=rows,
+        domains=domain_rows(rows),
+        thresholds=_threshold_rows(confidence, benchmarks),
+        confidence_rounds=confidence,
+    )
