@@ -14,9 +14,12 @@ import logging
 import torch
 from transformers import Qwen3ForCausalLM
 
+from dspark.data.prompts import load_prompts
 from dspark.drafters.ngram import NgramDrafter
 from dspark.engine.bench import engine_overhead, flat_vs_padded, random_prompts
 from dspark.engine.profile import profile_sps
+from dspark.eval.decode_bench import chat_prompt_ids
+from dspark.presets.tiny import resolve_target
 from dspark.targets import TargetAdapter
 from dspark.targets.paged import KVStore
 from dspark.tiny.build import TinyTargetConfig, model_config
@@ -40,7 +43,10 @@ def tiny_shaped_target() -> TargetAdapter:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--target", default=None)
+    p.add_argument(
+        "--target", default=None, help="model folder, hub id or 'tiny' (default: random tiny-shaped)"
+    )
+    p.add_argument("--prompts", default=None, help="prompt set (built-in name or JSONL) for a real target")
     p.add_argument("--out", default=None)
     p.add_argument("--batches", default="1,8,32")
     p.add_argument("--max-tokens", type=int, default=64)
@@ -48,7 +54,10 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.WARNING)
-    target = TargetAdapter.from_pretrained(args.target) if args.target else tiny_shaped_target()
+    target = (
+        TargetAdapter.from_pretrained(resolve_target(args.target)) if args.target else tiny_shaped_target()
+    )
+    target.eos_token_ids = ()  # every request runs to max_tokens: steady batches to measure
     out: dict = {"threads": torch.get_num_threads()}
 
     store = KVStore.for_target(target, num_slots=32, capacity=512)
@@ -60,7 +69,10 @@ def main() -> None:
     spread = torch.randint(1, 9, (32,), generator=g).tolist()  # verification runs of 1..8 tokens
     out["layout"] = [flat_vs_padded(target, lengths).as_dict() for lengths in (spread, [8] * 32, [1] * 32)]
 
-    prompts = random_prompts(target.vocab_size, 32, 96)
+    if args.prompts:
+        prompts = [chat_prompt_ids(target, p) for p in load_prompts(args.prompts, 32)]
+    else:
+        prompts = random_prompts(target.vocab_size, 32, 96)
     rows = []
     ngram = NgramDrafter(target.vocab_size)
     configs = [(None, "fixed"), (ngram, "fixed"), (ngram, "prefix"), (ngram, "prefix-async")]

@@ -314,6 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dspark", description="Lossless speculative decoding: train, evaluate and serve drafters."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    parser.add_argument("--threads", type=_positive_int, default=None, dest="torch_threads",
+                        help="torch CPU threads (default: torch's choice; 1 is best on a busy 2-core machine)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     groups: dict[str, argparse._SubParsersAction] = {}
     for name, (add_args, fn) in COMMANDS.items():
@@ -337,6 +339,13 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.torch_threads:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no "Loading weights" bar on every command
     try:
         return args._fn(args)
     except DsparkError as e:
