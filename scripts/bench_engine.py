@@ -10,16 +10,20 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import time
 
 import torch
 from transformers import Qwen3ForCausalLM
 
 from dspark.data.prompts import load_prompts
+from dspark.decoding import speculative_generate
 from dspark.drafters.ngram import NgramDrafter
+from dspark.engine import Engine, EngineConfig
 from dspark.engine.bench import engine_overhead, flat_vs_padded, random_prompts
 from dspark.engine.profile import profile_sps
 from dspark.eval.decode_bench import chat_prompt_ids
 from dspark.presets.tiny import resolve_target
+from dspark.protocols import SamplingParams
 from dspark.targets import TargetAdapter
 from dspark.targets.paged import KVStore
 from dspark.tiny.build import TinyTargetConfig, model_config
@@ -41,6 +45,26 @@ def tiny_shaped_target() -> TargetAdapter:
     return target
 
 
+def engine_vs_loop(target: TargetAdapter, prompts: list[list[int]], max_tokens: int) -> dict:
+    """Greedy outputs and wall time: one engine batch vs the batch-1 loop, n-gram drafter."""
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    engine = Engine(target, NgramDrafter(target.vocab_size), EngineConfig(max_batch=len(prompts)))
+    started = time.perf_counter()
+    batched = engine.generate(prompts, params)
+    engine_s = time.perf_counter() - started
+    started = time.perf_counter()
+    loop = [speculative_generate(target, NgramDrafter(target.vocab_size), p, params) for p in prompts]
+    loop_s = time.perf_counter() - started
+    return {
+        "prompts": len(prompts),
+        "engine_s": round(engine_s, 2),
+        "loop_s": round(loop_s, 2),
+        "identical": all(a.token_ids == b.token_ids for a, b in zip(batched, loop)),
+        "tokens": sum(len(r.token_ids) for r in batched),
+        "engine_tau": round(engine.stats.tau, 3),
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument(
@@ -51,12 +75,18 @@ def main() -> None:
     p.add_argument("--batches", default="1,8,32")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperatures", default="0,1")
+    p.add_argument("--vs-loop", action="store_true", help="only: engine vs batch-1 loop on built-in prompts")
     args = p.parse_args()
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.WARNING)
     target = (
         TargetAdapter.from_pretrained(resolve_target(args.target)) if args.target else tiny_shaped_target()
     )
+    if args.vs_loop:
+        sets = ("math", "code", "chat")
+        prompts = [chat_prompt_ids(target, p) for d in sets for p in load_prompts(args.prompts or d, 4)]
+        print(json.dumps(engine_vs_loop(target, prompts, args.max_tokens)))
+        return
     target.eos_token_ids = ()  # every request runs to max_tokens: steady batches to measure
     out: dict = {"threads": torch.get_num_threads()}
 

@@ -314,8 +314,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dspark", description="Lossless speculative decoding: train, evaluate and serve drafters."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
-    parser.add_argument("--threads", type=_positive_int, default=None, dest="torch_threads",
-                        help="torch CPU threads (default: torch's choice; 1 is best on a busy 2-core machine)")
+    parser.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=None,
+        dest="torch_threads",
+        help="torch CPU threads (default: torch's choice; 1 is best on a busy 2-core machine)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     groups: dict[str, argparse._SubParsersAction] = {}
     for name, (add_args, fn) in COMMANDS.items():

@@ -18,25 +18,25 @@ def add_profile_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--max-batch", type=int, default=32, help="engine KV slots (requests at once)")
     p.add_argument("--block-size", type=int, default=7, help="most drafts per request per step (γ)")
-    p.add_argument("--max-seq-len", type=int, default=None, help="tokens per KV slot (default: the target's)")
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per batch size (median)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (part of the profile key)")
+    p.add_argument("--max-seq-len", type=int, default=None, help="tokens per KV slot (default: the engine's)")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per batch size (the fastest counts)")
     p.add_argument("--out", type=Path, default=None, help="where to save (default: the engine's cache path)")
 
 
 def main_profile(args: argparse.Namespace) -> int:
-    """Profile SPS(B), target steps per second for a forward of B tokens, and save the table."""
-    import torch
+    """Profile SPS(B), target steps per second for a forward of B tokens, and save the table.
 
+    The thread count (``dspark --threads N profile``) is part of the profile's key: run the
+    engine with the same setting to have it load this table.
+    """
+    from dspark.engine.config import DEFAULT_MAX_SEQ_LEN
     from dspark.engine.profile import default_profile_path, profile_sps
     from dspark.presets.tiny import resolve_target
     from dspark.targets import TargetAdapter
     from dspark.targets.paged import KVStore
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     target = TargetAdapter.from_pretrained(resolve_target(args.target))
-    capacity = min(args.max_seq_len or target.max_context, target.max_context)
+    capacity = min(args.max_seq_len or DEFAULT_MAX_SEQ_LEN, target.max_context)
     store = KVStore.for_target(target, num_slots=args.max_batch, capacity=capacity)
     table = profile_sps(target, store, block_size=args.block_size, repeats=args.repeats)
     path = args.out or default_profile_path(table.meta)

@@ -127,6 +127,18 @@ def _write_prompt_sets(items: list[Item], out_dir: Path, per_domain: int, seed: 
     return counts
 
 
+def write_builtin_prompts(items: list[Item], out_dir: Path, cfg: TinyTargetConfig) -> dict[str, int]:
+    """The built-in prompt sets: held-out items whose prompt text never occurs in training.
+
+    (Two standard-library methods can share a signature and docstring, e.g.
+    ``Maildir.remove`` and ``MH.remove``: the held-out split is by item, so the prompt
+    text is checked too.)
+    """
+    train_prompts = {i.prompt for i in items if not is_held_out(i.key)}
+    held = [i for i in items if is_held_out(i.key) and i.prompt not in train_prompts]
+    return _write_prompt_sets(held, out_dir, cfg.prompts_per_domain, cfg.seed)
+
+
 def build_tiny_target(out: Path, prompts_out: Path, cfg: TinyTargetConfig = TinyTargetConfig()) -> dict:
     """Build the tiny target into ``out`` and the built-in prompt sets into ``prompts_out``."""
     started = time.time()
@@ -197,8 +209,6 @@ def build_tiny_target(out: Path, prompts_out: Path, cfg: TinyTargetConfig = Tiny
         "transformers": transformers.__version__,
         "config": asdict(cfg),
     }
-    manifest["builtin_prompts"] = _write_prompt_sets(
-        held_items, prompts_out, cfg.prompts_per_domain, cfg.seed
-    )
+    manifest["builtin_prompts"] = write_builtin_prompts(items, prompts_out, cfg)
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest

@@ -30,7 +30,14 @@ def long_qwen3() -> TargetAdapter:
 
 def hf_greedy(target: TargetAdapter, prompt: list[int], n: int) -> list[int]:
     """Plain HF greedy decoding of exactly n tokens (EOS ignored)."""
-    config = GenerationConfig(do_sample=False, max_new_tokens=n, eos_token_id=None, pad_token_id=0)
-    out = target.model.generate(torch.tensor([prompt]), generation_config=config)
+    model = target.model
+    # HF fills an unset eos_token_id from the model's own configs: clear those for the call.
+    saved = model.generation_config.eos_token_id, model.config.eos_token_id
+    model.generation_config.eos_token_id = model.config.eos_token_id = None
+    try:
+        config = GenerationConfig(do_sample=False, max_new_tokens=n, eos_token_id=None, pad_token_id=0)
+        out = model.generate(torch.tensor([prompt]), generation_config=config)
+    finally:
+        model.generation_config.eos_token_id, model.config.eos_token_id = saved
     assert out.shape[1] == len(prompt) + n
     return out[0, len(prompt) :].tolist()
