@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dspark.targets import TargetAdapter
 from dspark.drafters.blocks import (
     block_attention_mask,
     block_layout,
@@ -18,6 +17,7 @@ from dspark.drafters.blocks import (
     eligible_anchors,
     sample_anchors,
 )
+from dspark.targets import TargetAdapter
 from tests.unit.drafters.builders import BLOCK, build, make_batch, prompt
 
 T_, F_ = True, False

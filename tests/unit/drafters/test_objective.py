@@ -10,7 +10,6 @@ import torch
 from dspark.drafters.dflash import DFlashConfig
 from dspark.drafters.dspark import DSparkConfig
 from dspark.drafters.eagle3 import Eagle3Config
-from dspark.protocols import TrainOutput
 from dspark.drafters.objective import (
     ObjectiveConfig,
     binary_cross_entropy,
@@ -24,6 +23,7 @@ from dspark.drafters.objective import (
     soft_cross_entropy,
     weighted_mean,
 )
+from dspark.protocols import TrainOutput
 
 LOG = math.log
 

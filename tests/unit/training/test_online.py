@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dspark.errors import DsparkError
 from dspark.drafters.blocks import eligible_anchors
+from dspark.errors import DsparkError
 from dspark.training.data import collate
 from dspark.training.online import anchor_generator, check_feature_layers, target_batch
 
