@@ -289,6 +289,42 @@ def main_bench_target(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_bench_overhead(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--target", default=None, help="HF model folder or hub id (default: the embedded tiny target)"
+    )
+    p.add_argument("--drafter", default="dspark", help="a DSpark drafter: 'dspark' (shipped) or a folder")
+    p.add_argument("--batch", default="1,8", help="comma-separated request counts")
+    p.add_argument("--repeats", type=_positive_int, default=20, help="timings per part (the median is kept)")
+
+
+def main_bench_overhead(args: argparse.Namespace) -> int:
+    """Cost of DSpark's sequential (Markov/RNN) sampling loop as a share of a round (goal ≤ 1.3%)."""
+    from dspark.data.prompts import load_prompts
+    from dspark.drafters.registry import build_drafter
+    from dspark.eval.decode_bench import chat_prompt_ids
+    from dspark.eval.overhead import sequential_head_overhead
+    from dspark.presets.tiny import resolve_target
+    from dspark.targets import TargetAdapter
+
+    target = TargetAdapter.from_pretrained(resolve_target(args.target))
+    drafter = build_drafter(args.drafter, target)
+    if getattr(drafter, "markov_head", None) is None:
+        raise DsparkError(f"{args.drafter!r} has no sequential head to measure")
+    prompts = [chat_prompt_ids(target, p) for d in ("math", "code", "chat") for p in load_prompts(d, 22)]
+    print(
+        f"{'R':>4}{'backbone ms':>13}{'parallel ms':>13}{'sequential ms':>15}"
+        f"{'verify ms':>11}{'overhead':>10}"
+    )
+    for R in (int(x) for x in args.batch.split(",")):
+        t = sequential_head_overhead(target, drafter, prompts[:R], repeats=args.repeats)
+        print(
+            f"{R:>4}{t.backbone_s * 1e3:>13.2f}{t.parallel_sampling_s * 1e3:>13.2f}"
+            f"{t.sequential_sampling_s * 1e3:>15.2f}{t.verify_s * 1e3:>11.2f}{t.overhead:>10.2%}"
+        )
+    return 0
+
+
 # ----------------------------------------------------------------------------- the table
 
 COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
@@ -297,6 +333,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[a
     "train": (add_train_args, main_train),
     "bench decode": (_add_bench_decode, main_bench_decode),
     "bench target": (_add_bench_target, main_bench_target),
+    "bench markov-overhead": (_add_bench_overhead, main_bench_overhead),
     "profile": (add_profile_args, main_profile),
     "data prompts": (add_prompts_args, main_prompts),
     "data regenerate": (add_regenerate_args, main_regenerate),
@@ -324,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     groups: dict[str, argparse._SubParsersAction] = {}
     for name, (add_args, fn) in COMMANDS.items():
-        doc = (fn.__doc__ or "").strip()
+        doc = (fn.__doc__ or "").strip().replace("%", "%%")  # argparse formats help with %
         group, _, verb = name.rpartition(" ")
         if group and group not in groups:  # "bench decode" → `dspark bench decode`
             gp = sub.add_parser(group, help=f"{group} subcommands")
