@@ -66,6 +66,14 @@ def save_drafter(folder: str | Path, drafter: nn.Module, target: TargetAdapter, 
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
     (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return _finish(tmp, folder)
+
+
+def _finish(tmp: Path, folder: Path) -> Path:
+    """Make the temp folder readable like any other (mkdtemp makes it 0700), then move it in place."""
+    os.chmod(tmp, 0o755)
+    for f in tmp.iterdir():
+        os.chmod(f, 0o644)
     if folder.exists():
         shutil.rmtree(folder)
     os.replace(tmp, folder)
@@ -78,10 +86,7 @@ def publish_checkpoint(checkpoint: str | Path, folder: str | Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     for name in (CONFIG_NAME, WEIGHTS_NAME):
         shutil.copyfile(checkpoint / name, tmp / name)
-    if folder.exists():
-        shutil.rmtree(folder)
-    os.replace(tmp, folder)
-    return folder
+    return _finish(tmp, folder)
 
 
 def _read_config(folder: Path) -> dict[str, Any]:
@@ -187,7 +192,4 @@ def convert_folder(src: str | Path, dst: str | Path, dtype: torch.dtype) -> Path
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
     save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
     (tmp / CONFIG_NAME).write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
-    if dst.exists():
-        shutil.rmtree(dst)
-    os.replace(tmp, dst)
-    return dst
+    return _finish(tmp, dst)
