@@ -15,6 +15,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from dspark.argtypes import non_negative_float as _non_negative_float
+from dspark.argtypes import positive_int as _positive_int
 from dspark.calibration.commands import add_calibrate_args, main_calibrate
 from dspark.data.commands import (
     add_cache_args,
@@ -36,28 +38,8 @@ from dspark.eval.commands import (
     main_sweep_block_size,
     main_sweep_depth,
 )
+from dspark.server.commands import add_serve_args, main_serve
 from dspark.training.commands import add_train_args, main_train
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value >= 0:  # also rejects NaN
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
-    return value
-
 
 # ----------------------------------------------------------------------------- generate
 
@@ -91,8 +73,8 @@ def _add_generate(p: argparse.ArgumentParser) -> None:
 
 def main_generate(args: argparse.Namespace) -> int:
     """Generate an answer with speculative decoding; τ and tokens/s go to stderr."""
-    from dspark.decoding import speculative_generate
     from dspark.drafters.registry import build_drafter
+    from dspark.engine import Engine, EngineConfig
     from dspark.presets.tiny import resolve_target
     from dspark.protocols import SamplingParams
     from dspark.targets import TargetAdapter
@@ -137,15 +119,14 @@ def main_generate(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         printed = max(printed, safe)
 
-    result = speculative_generate(
-        target,
-        drafter,
-        prompt_ids,
-        params,
-        block_size=args.block_size,
-        decode=decode,
-        on_tokens=None if args.json else stream,
-    )
+    # One request through the engine (a KV slot just big enough for it), verifying all γ drafts.
+    capacity = min(target.max_context, len(prompt_ids) + args.max_tokens)
+    config = EngineConfig(block_size=args.block_size, policy="fixed", max_batch=1, max_seq_len=capacity)
+    engine = Engine(target, drafter, config, decode=decode)
+    request = engine.submit(prompt_ids, params, on_tokens=None if args.json else stream)
+    while engine.has_work():
+        engine.step()
+    result = engine.pop_result(request)
     if args.json:
         print(
             json.dumps(
@@ -335,6 +316,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[a
     "bench target": (_add_bench_target, main_bench_target),
     "bench markov-overhead": (_add_bench_overhead, main_bench_overhead),
     "profile": (add_profile_args, main_profile),
+    "serve": (add_serve_args, main_serve),
     "data prompts": (add_prompts_args, main_prompts),
     "data regenerate": (add_regenerate_args, main_regenerate),
     "data cache": (add_cache_args, main_cache),

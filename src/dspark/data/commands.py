@@ -12,27 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dspark.argtypes import non_negative_float as _non_negative_float
+from dspark.argtypes import positive_int as _positive_int
 from dspark.errors import DsparkError
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value >= 0:  # also rejects NaN
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
-    return value
 
 
 def _size(text: str) -> int:
@@ -195,7 +177,7 @@ def add_regenerate_args(p: argparse.ArgumentParser) -> None:
         "--concurrency",
         type=_positive_int,
         default=None,
-        help="prompts in flight (default: 8 HTTP, 1 in-process)",
+        help="prompts in flight (default: 8; in-process, the engine batches them)",
     )
     p.add_argument("--timeout", type=_non_negative_float, default=600.0, help="HTTP: seconds per request")
     p.add_argument("--retries", type=int, default=3, help="HTTP: retries per request after the first attempt")
@@ -254,7 +236,7 @@ def main_regenerate(args: argparse.Namespace) -> int:
         backend = InProcessBackend(
             target, drafter=build_drafter(args.drafter, target), template_kwargs=template_kwargs
         )
-        concurrency = args.concurrency or 1
+        concurrency = args.concurrency or backend.max_concurrency
     config = RegenerateConfig(concurrency=concurrency, system=args.system, progress=not args.no_progress)
     summary = regenerate(prompts, backend, args.out, errors, params, config)
     report = {
