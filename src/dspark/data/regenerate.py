@@ -7,9 +7,9 @@ same template kwargs (``enable_thinking=False``, ...) and system message that tr
 and evaluation use (SPEC §7.4).
 
 The answering is done by an :class:`AnswerBackend`: one async call per chat turn. That
-one contract covers the in-process target (:class:`InProcessBackend`, batch 1 today;
-the batched engine of SPEC §10 slots in behind the same call, batching whatever calls
-are in flight), and any OpenAI-compatible server (:mod:`dspark.data.http_backend`).
+one contract covers the in-process target (:class:`InProcessBackend`: the batched
+engine of SPEC §10, batching whatever calls are in flight), and any OpenAI-compatible
+server (:mod:`dspark.data.http_backend`, e.g. ``dspark serve``).
 
 Output: one JSONL record per prompt (the shape :mod:`dspark.training.data` reads),
 appended atomically as soon as the prompt is done (:mod:`dspark.data.records`)::
@@ -38,7 +38,8 @@ from tqdm.auto import tqdm
 
 from dspark.data.prompts import Prompt, dedup_prompts
 from dspark.data.records import JsonlAppender, read_records
-from dspark.decoding import speculative_generate
+from dspark.engine.engine import Engine, EngineConfig
+from dspark.engine.worker import EngineDeadError, EngineWorker
 from dspark.errors import DsparkError
 from dspark.protocols import SamplingParams
 
@@ -98,13 +99,14 @@ def chat_prompt_ids(tokenizer, messages: Messages, template_kwargs: Mapping[str,
 
 
 class InProcessBackend:
-    """The target itself, in this process, one request at a time.
+    """The target itself, in this process, through the batched engine (SPEC §10).
 
-    Runs :func:`dspark.decoding.speculative_generate` (lossless, so ``drafter`` only
-    changes the speed) in a worker thread so the event loop keeps writing records.
+    Turns in flight at once (up to ``max_batch``, the engine's KV slots) are decoded
+    together: an :class:`~dspark.engine.worker.EngineWorker` steps the engine on its own
+    thread while the event loop keeps writing records. Decoding is lossless, so
+    ``drafter`` and ``policy`` only change the speed. The worker starts with the first
+    answer and stops in :meth:`aclose`.
     """
-
-    max_concurrency = 1
 
     def __init__(
         self,
@@ -114,35 +116,40 @@ class InProcessBackend:
         template_kwargs: Mapping[str, Any] | None = None,
         block_size: int = 7,
         name: str | None = None,
+        max_batch: int = 8,
+        policy: str = "fixed",
+        max_seq_len: int | None = None,
     ) -> None:
         self.target = target
         self.drafter = drafter
         self.template_kwargs = dict(template_kwargs or {})
-        self.block_size = block_size
+        self.max_concurrency = max_batch
+        # prompt + answer per KV slot; None = the engine's default (min(context, 4096))
+        self.config = EngineConfig(
+            block_size=block_size, policy=policy, max_batch=max_batch, max_seq_len=max_seq_len
+        )
         self.name = name or f"inprocess:{getattr(target.config, '_name_or_path', '') or 'target'}"
+        self._worker: EngineWorker | None = None
 
-    def generate(self, messages: Messages, params: SamplingParams) -> Answer:
-        """Answer one turn, blocking (what :meth:`answer` runs in a worker thread)."""
-        tok = self.target.tokenizer
-        prompt_ids = chat_prompt_ids(tok, messages, self.template_kwargs)
-        try:
-            result = speculative_generate(
-                self.target,
-                self.drafter,
-                prompt_ids,
-                params,
-                block_size=self.block_size,
-                decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
-            )
-        except DsparkError as e:  # e.g. the prompt no longer fits the context: retrying will not help
-            raise AnswerError(str(e), retryable=False) from None
-        return Answer(result.text, result.finish_reason, len(result.token_ids))
+    def _running_worker(self) -> EngineWorker:
+        if self._worker is None:
+            self._worker = EngineWorker(Engine(self.target, self.drafter, self.config))
+        return self._worker
 
     async def answer(self, messages: Messages, params: SamplingParams) -> Answer:
-        return await asyncio.to_thread(self.generate, messages, params)
+        prompt_ids = chat_prompt_ids(self.target.tokenizer, messages, self.template_kwargs)
+        try:
+            result = await self._running_worker().generate(prompt_ids, params)
+        except DsparkError as e:  # e.g. the prompt no longer fits the context: retrying will not help
+            raise AnswerError(str(e), retryable=False) from None
+        except EngineDeadError as e:
+            raise AnswerError(f"the engine failed: {e}", retryable=True) from None
+        return Answer(result.text, result.finish_reason, len(result.token_ids))
 
     async def aclose(self) -> None:
-        return None
+        if self._worker is not None:
+            worker, self._worker = self._worker, None
+            await asyncio.to_thread(worker.close)
 
 
 # -- the run ------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from dspark.engine.engine import Engine
@@ -38,11 +38,21 @@ class _Sink:
         self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
 
 
-class EngineWorker:
-    """Steps an :class:`Engine` on a daemon thread while it has work; ``await generate``, ``stream``."""
+OnResult = Callable[[GenerationResult], None]
 
-    def __init__(self, engine: Engine, *, idle_wait_s: float = 0.05) -> None:
+
+class EngineWorker:
+    """Steps an :class:`Engine` on a daemon thread while it has work; ``await generate``, ``stream``.
+
+    ``on_finish`` (e.g. the server's metrics) is called on the worker thread with the
+    result of every request that leaves the engine, finished or cancelled.
+    """
+
+    def __init__(
+        self, engine: Engine, *, idle_wait_s: float = 0.05, on_finish: OnResult | None = None
+    ) -> None:
         self.engine = engine
+        self.on_finish = on_finish
         self.error: BaseException | None = None  # set when the step loop died
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -62,8 +72,14 @@ class EngineWorker:
         self._wake.set()
         self._thread.join(timeout)
 
-    async def stream(self, prompt_ids: Sequence[int], params: SamplingParams) -> AsyncIterator[list[int]]:
-        """Yield each step's new tokens; leaving early (or being cancelled) cancels the request."""
+    async def stream(
+        self, prompt_ids: Sequence[int], params: SamplingParams, *, on_done: OnResult | None = None
+    ) -> AsyncIterator[list[int]]:
+        """Yield each step's new tokens; leaving early (or being cancelled) cancels the request.
+
+        ``on_done`` receives the final result (finish reason, text cut at a stop string)
+        just before the stream ends.
+        """
         sink = await self._submit(prompt_ids, params)
         finished = False
         try:
@@ -73,6 +89,8 @@ class EngineWorker:
                     yield value
                 elif kind == "done":
                     finished = True
+                    if on_done is not None:
+                        on_done(value)
                     return
                 else:
                     finished = True
@@ -145,7 +163,7 @@ class EngineWorker:
             elif kind == "cancel" and payload.request_id in self._sinks:
                 self.engine.cancel(payload.request_id)
                 del self._sinks[payload.request_id]
-                self.engine.pop_result(payload.request_id)
+                self._finished(self.engine.pop_result(payload.request_id))
 
     def _deliver(self, event) -> None:
         sink = self._sinks.get(event.request_id)
@@ -155,4 +173,13 @@ class EngineWorker:
             sink.put("tokens", event.tokens)
         if event.finish_reason is not None:
             del self._sinks[event.request_id]
-            sink.put("done", self.engine.pop_result(event.request_id))
+            result = self.engine.pop_result(event.request_id)
+            self._finished(result)
+            sink.put("done", result)
+
+    def _finished(self, result: GenerationResult) -> None:
+        if self.on_finish is not None:
+            try:
+                self.on_finish(result)
+            except Exception:  # an observer's bug must not kill the engine
+                logger.exception("on_finish hook failed")

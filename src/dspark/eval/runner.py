@@ -9,9 +9,9 @@ metrics of SPEC §2 (:mod:`dspark.eval.metrics`); drafters that report confidenc
 get the static threshold sweep of paper Fig. 5, and their rounds are kept for
 calibration (:mod:`dspark.calibration`).
 
-This runs the batch-1 reference loop (:func:`dspark.decoding.speculative_generate`);
-the batched engine (SPEC §10) will replace it here once it is stable, which changes
-tokens/s but none of the acceptance figures.
+Every answer, the plain target's too, runs through the engine (SPEC §10) as a request
+alone that verifies every draft (:mod:`dspark.eval.engine_answer`), so tokens/s are the
+engine's and greedy answers are those of the batch-1 reference loop.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from dspark.calibration.collect import ConfidenceRounds, RoundRecorder
+from dspark.calibration.collect import ConfidenceRounds
 from dspark.calibration.threshold import ThresholdSweep, threshold_sweep
 from dspark.data.prompts import Prompt
-from dspark.decoding import speculative_generate
 from dspark.errors import DsparkError
 from dspark.eval.benchmarks import Benchmark
+from dspark.eval.engine_answer import engine_answer
 from dspark.eval.metrics import acceptance_stats, macro_average, mean_defined
 from dspark.protocols import Drafter, RoundLog, SamplingParams
 from dspark.targets import TargetAdapter
@@ -198,11 +198,6 @@ def _answer(
     block_size = block_size_of(drafter, config)
     messages = _first_messages(prompt)
     turns = prompt.turns if config.multi_turn else prompt.turns[:1]
-    tok = target.tokenizer
-
-    def decode(ids: list[int]) -> str:
-        return tok.decode(ids, skip_special_tokens=True)
-
     for turn, text in enumerate(turns):
         if turn > 0:
             messages.append({"role": "user", "content": text})
@@ -217,22 +212,13 @@ def _answer(
             max_tokens=max_tokens or config.max_tokens,
             seed=_seed(config.seed, index, turn),
         )
-        recorder = RoundRecorder(group=index)
-        result = speculative_generate(
-            target,
-            drafter,
-            ids,
-            params,
-            block_size=block_size,
-            decode=decode if config.multi_turn else None,
-            on_round=recorder,
-        )
+        answer = engine_answer(target, drafter, ids, params, block_size=block_size, group=index)
+        result = answer.result
         tally.rounds += result.rounds
         tally.tokens += len(result.token_ids)
         tally.seconds += result.seconds
-        recorded = recorder.rounds(block_size)
-        if recorded.num_rounds:
-            tally.confidence.append(recorded)
+        if answer.confidence.num_rounds:
+            tally.confidence.append(answer.confidence)
         messages.append({"role": "assistant", "content": result.text})
 
 

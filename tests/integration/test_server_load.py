@@ -1,0 +1,146 @@
+"""The server under pressure: abandoned requests free their KV, the queue is bounded, keys, a dead engine."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from dspark.targets import TargetAdapter
+
+from .server_harness import make_worker, scrape, serving
+
+LONG = {"prompt": "def add(a, b):", "max_tokens": 100, "temperature": 0.8, "seed": 1}
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory) -> TargetAdapter:
+    from tests.unit.data.tiny_chat_target import build_tiny_chat_target
+
+    return TargetAdapter.from_pretrained(build_tiny_chat_target(tmp_path_factory.mktemp("chat_target")))
+
+
+def wait_for_baseline(client: httpx.Client, url: str, timeout: float = 15.0) -> dict:
+    """Poll /metrics until nothing is in flight, queued, running or holding KV."""
+    deadline = time.monotonic() + timeout
+    while True:
+        m = scrape(client, url)
+        idle = (
+            "dspark_requests_in_flight",
+            "dspark_queue_depth",
+            "dspark_running_requests",
+            "dspark_kv_slots_used",
+        )
+        if all(m[k] == 0 for k in idle):
+            return m
+        assert time.monotonic() < deadline, {k: m[k] for k in idle}
+        time.sleep(0.05)
+
+
+def test_abandoned_requests_are_cancelled_and_free_their_kv(target):
+    """100 concurrent requests whose clients give up after 0.25 s: every one is cancelled in the
+    engine (not run to its 100 tokens), the gauges return to zero, and the server still serves."""
+    worker = make_worker(target, max_batch=4, max_seq_len=128)
+    with serving(worker, max_queue=200) as url, httpx.Client(timeout=30) as client:
+        baseline = scrape(client, url)
+        assert baseline["dspark_kv_slots_used"] == 0
+
+        async def impatient(i: int, http: httpx.AsyncClient) -> str:
+            body = {**LONG, "seed": i, "stream": i % 2 == 0}
+            try:
+                r = await http.post(f"{url}/v1/completions", json=body, timeout=0.25)
+                await r.aread()
+                return f"done {r.status_code}"
+            except httpx.TimeoutException:
+                return "timeout"
+
+        async def flood() -> list[str]:
+            limits = httpx.Limits(max_connections=200, max_keepalive_connections=0)
+            async with httpx.AsyncClient(limits=limits) as http:
+                return await asyncio.gather(*(impatient(i, http) for i in range(100)))
+
+        outcomes = asyncio.run(flood())
+        timeouts = outcomes.count("timeout")
+        assert timeouts >= 90, outcomes  # 100 x 100 tokens through 4 slots cannot finish in 0.25 s
+        m = wait_for_baseline(client, url)
+        finished = {k: v for k, v in m.items() if k.startswith("dspark_finished_requests_total")}
+        cancelled = finished.get("dspark_finished_requests_total{reason=cancelled}", 0)
+        assert cancelled >= timeouts - 4 and sum(finished.values()) == 100, finished
+        assert m["dspark_generated_tokens_total"] < 100 * 100 / 4
+
+        r = client.post(f"{url}/v1/completions", json={**LONG, "max_tokens": 10})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 10
+        wait_for_baseline(client, url)
+
+
+def test_queue_bound_answers_429(target):
+    """max_batch 1 + max_queue 1: two long streams are admitted, a third request gets 429."""
+    worker = make_worker(target, max_batch=1, max_seq_len=256)
+    with serving(worker, max_queue=1) as url, httpx.Client(timeout=30) as client:
+
+        async def main():
+            async with httpx.AsyncClient(timeout=30) as http:
+                body = {**LONG, "max_tokens": 240, "stream": True}
+                async with (
+                    http.stream("POST", f"{url}/v1/completions", json=body) as first,
+                    http.stream("POST", f"{url}/v1/completions", json=body) as second,
+                ):
+                    assert first.status_code == second.status_code == 200  # both admitted
+                    third = await http.post(f"{url}/v1/completions", json={**LONG, "max_tokens": 5})
+                    assert third.status_code == 429 and third.headers["retry-after"] == "1"
+                    assert third.json()["error"]["type"] == "rate_limit_error"
+                    m = scrape(client, url)
+                    assert m["dspark_requests_in_flight"] == 2 and m["dspark_queue_depth"] <= 1
+                # both streams closed early by the client: their places come back
+            wait_for_baseline(client, url)
+            async with httpx.AsyncClient(timeout=30) as http:
+                again = await http.post(f"{url}/v1/completions", json={**LONG, "max_tokens": 5})
+                assert again.status_code == 200
+
+        asyncio.run(main())
+
+
+def test_api_key_on_every_route_but_health(target):
+    with serving(make_worker(target), api_key="sekrit") as url, httpx.Client(timeout=30) as client:
+        body = {"prompt": "x", "max_tokens": 2}
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekrit"}):
+            for method, path in (("POST", "/v1/completions"), ("GET", "/v1/models"), ("GET", "/metrics")):
+                r = client.request(method, f"{url}{path}", json=body, headers=headers)
+                assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error", path
+        # a bad key is refused before the body is even looked at
+        assert client.post(f"{url}/v1/completions", content=b"{oops").status_code == 401
+        assert client.get(f"{url}/health").status_code == 200
+        ok = {"Authorization": "Bearer sekrit"}
+        assert client.post(f"{url}/v1/completions", json=body, headers=ok).status_code == 200
+        assert client.get(f"{url}/v1/models", headers=ok).status_code == 200
+        assert client.get(f"{url}/metrics", headers=ok).status_code == 200
+        schema = client.get(f"{url}/openapi.json", headers=ok).json()
+        assert schema["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+
+
+class ExplodingDrafter:
+    target_layer_ids: tuple[int, ...] = ()
+
+    def propose(self, states, max_len, sampling):
+        raise RuntimeError("drafter exploded")
+
+    def update(self, state, num_accepted, new_features):
+        pass
+
+
+def test_dead_engine_is_503(target):
+    with (
+        serving(make_worker(target, drafter=ExplodingDrafter()), max_queue=4) as url,
+        httpx.Client(timeout=30) as client,
+    ):
+        assert client.get(f"{url}/health").status_code == 200
+        r = client.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 5})
+        assert r.status_code == 503 and "drafter exploded" in r.json()["error"]["message"]
+        health = client.get(f"{url}/health")
+        assert health.status_code == 503 and health.json()["error"]["type"] == "service_unavailable"
+        for stream in (False, True):
+            r = client.post(f"{url}/v1/completions", json={"prompt": "x", "stream": stream})
+            assert r.status_code == 503
+        assert scrape(client, url)["dspark_engine_alive"] == 0
