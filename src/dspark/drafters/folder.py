@@ -142,6 +142,29 @@ def _check_state(state: dict[str, torch.Tensor], expected: dict[str, torch.Tenso
         raise DrafterLoadError(f"{where}: weight shapes do not match the config: " + "; ".join(wrong))
 
 
+def _check_shared_weights(state: dict[str, torch.Tensor], target: TargetAdapter, where: Path) -> None:
+    """Refuse a drafter whose copies of the embedding / LM head are not this target's.
+
+    The fields and shapes of a drafter trained for another target of the same shape
+    pass every other check; its frozen copies differ far beyond bf16 rounding. 256
+    spread rows are compared: enough to tell, and cheap for a 150k-token vocabulary.
+    """
+    for key, theirs in (
+        ("embed_tokens.weight", target.model.get_input_embeddings()),
+        ("lm_head.weight", target.model.get_output_embeddings()),
+    ):
+        if key not in state or theirs is None or state[key].shape != theirs.weight.shape:
+            continue
+        rows = torch.linspace(0, state[key].shape[0] - 1, 256).long().unique()  # [<=256]
+        a = state[key][rows].float()  # [n, H]
+        b = theirs.weight.detach()[rows.to(theirs.weight.device)].float().cpu()  # [n, H]
+        if not torch.allclose(a, b, rtol=2e-2, atol=1e-3 * float(b.abs().max().clamp_min(1e-6))):
+            raise DrafterLoadError(
+                f"{where}: drafter was trained for another target: its {key} differs from this target's "
+                f"(max difference {float((a - b).abs().max()):.3g})"
+            )
+
+
 def load_drafter(folder: str | Path, target: TargetAdapter, *, block_size: int | None = None) -> nn.Module:
     """Load a drafter folder for ``target``, validating everything (module docstring).
 
@@ -173,6 +196,7 @@ def load_drafter(folder: str | Path, target: TargetAdapter, *, block_size: int |
         raise DrafterLoadError(f"{weights}: cannot read weights ({e})") from None
     expected = drafter.state_dict()
     _check_state(state, expected, folder)
+    _check_shared_weights(state, target, folder)
     drafter.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)
     return drafter.eval()
 

@@ -47,8 +47,9 @@ def _make(kind: str, target):
         d = DFlashDrafter.from_target(target, DFlashConfig(num_layers=2, block_size=4, mask_token_id=MASK))
     else:
         d = Eagle3Drafter.from_target(target, Eagle3Config(block_size=4))
-    for p in d.parameters():  # non-trivial weights everywhere (W_2 starts at zero)
-        p.data.normal_(0, 0.1)
+    for p in d.parameters():  # non-trivial trainable weights (W_2 starts at zero)
+        if p.requires_grad:
+            p.data.normal_(0, 0.1)
     return d.eval()
 
 
@@ -154,3 +155,10 @@ def test_corrupt_weights_are_refused(saved, target):
     (saved / "model.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(DrafterLoadError, match="cannot read weights"):
         load_drafter(saved, target)
+
+
+def test_drafter_of_another_target_with_the_same_shape_is_refused(saved, tiny_qwen3):
+    torch.manual_seed(123)
+    other = TargetAdapter(type(tiny_qwen3)(tiny_qwen3.config).eval())
+    with pytest.raises(DrafterLoadError, match="trained for another target"):
+        load_drafter(saved, other)
