@@ -7,3 +7,7 @@ class DsparkError(Exception):
 
 class PromptTooLongError(DsparkError):
     """The prompt (plus at least one new token) does not fit in the target's context."""
+
+
+class UnsupportedTargetError(DsparkError):
+    """A target family a component cannot run (yet), named with what to use instead."""

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformers import AttentionInterface
 
+from dspark.errors import UnsupportedTargetError
 from dspark.targets.adapter import TargetAdapter
 
 ATTENTION_NAME = "dspark_flat"
@@ -68,8 +69,9 @@ class KVStore:
     def for_target(cls, target: TargetAdapter, *, num_slots: int, capacity: int) -> KVStore:
         config = target.config
         if getattr(config, "attn_logit_softcapping", None):
-            raise NotImplementedError(
-                f"{config.model_type}: attention logit softcapping is not supported by the batched engine"
+            raise UnsupportedTargetError(
+                f"{config.model_type}: attention logit softcapping (Gemma 2) is not supported by the batched "
+                "engine yet; use the batch-1 loop (dspark.decoding) for this family"
             )
         heads = config.num_attention_heads
         return cls(
@@ -213,7 +215,7 @@ def _flat_attention(
     """
     assert dspark_step is not None, "dspark_flat attention runs only inside flat_forward"
     if kwargs.get("softcap") is not None:
-        raise NotImplementedError("attention logit softcapping is not supported by the batched engine")
+        raise UnsupportedTargetError("attention logit softcapping is not supported by the batched engine")
     step, layer = dspark_step, module.layer_idx
     store_k, store_v = step.store.k[layer], step.store.v[layer]  # [slots, kvh, cap, hd]
     # Advanced indices around a slice put the token dim first: [N, kvh, hd].

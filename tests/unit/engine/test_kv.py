@@ -8,6 +8,7 @@ import torch
 from transformers import Gemma2ForCausalLM
 
 from dspark.engine.kv import KVMemory
+from dspark.errors import UnsupportedTargetError
 from dspark.targets import TargetAdapter, TargetCache
 from dspark.targets.paged import KVStore, Run, flat_forward
 
@@ -97,7 +98,7 @@ def test_rollback_and_slot_moves(tiny_qwen3):
 
 def test_unsupported_and_oversized(tiny_gemma, tiny_qwen3):
     assert isinstance(tiny_gemma, Gemma2ForCausalLM)
-    with pytest.raises(NotImplementedError, match="softcapping"):
+    with pytest.raises(UnsupportedTargetError, match="softcapping"):
         KVStore.for_target(TargetAdapter(tiny_gemma), num_slots=1, capacity=8)
     target = TargetAdapter(tiny_qwen3)
     store = KVStore.for_target(target, num_slots=1, capacity=8)
