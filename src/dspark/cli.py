@@ -38,7 +38,7 @@ from dspark.eval.commands import (
     main_sweep_block_size,
     main_sweep_depth,
 )
-from dspark.server.commands import add_serve_args, main_serve
+from dspark.server.commands import add_bench_serve_args, add_serve_args, main_bench_serve, main_serve
 from dspark.training.commands import add_train_args, main_train
 
 # ----------------------------------------------------------------------------- generate
@@ -317,6 +317,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[a
     "bench markov-overhead": (_add_bench_overhead, main_bench_overhead),
     "profile": (add_profile_args, main_profile),
     "serve": (add_serve_args, main_serve),
+    "bench serve": (add_bench_serve_args, main_bench_serve),
     "data prompts": (add_prompts_args, main_prompts),
     "data regenerate": (add_regenerate_args, main_regenerate),
     "data cache": (add_cache_args, main_cache),

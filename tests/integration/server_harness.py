@@ -8,12 +8,8 @@ a fraction of a second on one CPU thread.
 from __future__ import annotations
 
 import contextlib
-import socket
-import threading
-import time
 from collections.abc import Iterator
 
-import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from dspark.drafters.ngram import NgramDrafter
@@ -21,6 +17,7 @@ from dspark.engine import Engine, EngineConfig
 from dspark.engine.worker import EngineWorker
 from dspark.scheduler import SpsTable
 from dspark.server.app import create_app
+from dspark.server.uvicorn_runner import serve_in_thread
 
 MODEL = "tiny-test"
 # A saturating cost curve, so that the prefix policy runs without profiling the machine.
@@ -40,23 +37,10 @@ def make_worker(target, *, drafter=True, policy: str = "fixed", max_batch: int =
 @contextlib.contextmanager
 def serving(worker: EngineWorker, **app_kwargs) -> Iterator[str]:
     """``create_app(worker)`` on 127.0.0.1 (a free port) in a thread; yields the base URL."""
-    app = create_app(worker, MODEL, **app_kwargs)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=2)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.01)
     try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+        with serve_in_thread(create_app(worker, MODEL, **app_kwargs)) as url:
+            yield url
     finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
         worker.close(timeout=10)
 
 

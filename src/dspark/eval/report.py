@@ -230,8 +230,8 @@ def write_eval_report(result: EvalResult, out: Path, meta: Mapping[str, Any] | N
         f"- temperature {cfg.temperature}, max {cfg.max_tokens} new tokens, "
         f"{'all turns' if cfg.multi_turn else 'first turn'}, seed {cfg.seed} "
         "(same prompts and seeds for every method)",
-        f"- block size: {cfg.block_size or 'each drafter its own'}; batch-1 reference loop, chain drafting, "
-        "fixed-length verification",
+        f"- block size: {cfg.block_size or 'each drafter its own'}; the engine, one request at a time, "
+        "chain drafting, fixed-length verification",
     ]
     parts = [
         "# Speculative decoding evaluation",

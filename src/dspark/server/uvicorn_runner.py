@@ -12,6 +12,8 @@ import contextlib
 import signal
 import socket
 import threading
+import time
+from collections.abc import Iterator
 
 import uvicorn
 from fastapi import FastAPI
@@ -58,3 +60,25 @@ def serve(app: FastAPI, sock: socket.socket, *, drain_timeout: float, verbose: b
     )
     server = DrainingServer(config, on_drain=lambda: setattr(app.state.server, "draining", True))
     server.run(sockets=[sock])
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: FastAPI, host: str = "127.0.0.1") -> Iterator[str]:
+    """Serve ``app`` on a free port of ``host`` from a daemon thread; yields the base URL."""
+    sock = socket.socket()
+    sock.bind((host, 0))
+    config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the server did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://{host}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
