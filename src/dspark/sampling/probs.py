@@ -87,5 +87,6 @@ def _top_k_top_p_keep(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor)
     # and cut a tail of tiny tokens, so those rows skip the test.
     sorted_probs = torch.softmax(sorted_x.masked_fill(~keep, float("-inf")), dim=-1)  # [..., V]
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # [..., V]
-    keep = keep & ((mass_before < top_p) | (top_p >= 1))
+    # Rank 0 is kept outright: a top_p that underflows to 0 in fp32 must not empty the row.
+    keep = keep & ((mass_before < top_p) | (top_p >= 1) | (rank == 0))
     return torch.zeros_like(keep).scatter(-1, order, keep)  # back to token order

@@ -83,3 +83,12 @@ def test_batch_probs_with_shared_params_matches_process_logits():
     logits = torch.randn(5, 2, 20, generator=torch.Generator().manual_seed(1))
     params = [SamplingParams(temperature=0.8, top_k=7, top_p=0.9, seed=r) for r in range(5)]
     torch.testing.assert_close(batch_probs(logits, params), process_logits(logits, params[0]))
+
+
+def test_tiny_top_p_keeps_the_argmax_instead_of_nan():
+    from dspark.protocols import SamplingParams
+    from dspark.sampling.probs import process_logits
+
+    logits = torch.tensor([0.5, 2.0, -1.0, 1.9])
+    probs = process_logits(logits, SamplingParams(temperature=1.0, top_p=1e-300))
+    assert torch.equal(probs, torch.tensor([0.0, 1.0, 0.0, 0.0]))
