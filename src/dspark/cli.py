@@ -207,6 +207,17 @@ def _add_bench_decode(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=_positive_int, default=128, help="tokens per answer")
     p.add_argument("--block-size", type=_positive_int, default=7, help="most drafts per round (γ)")
     p.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate")
+    p.add_argument(
+        "--hf-prompt-lookup",
+        type=int,
+        default=0,
+        help="also run HF generate with prompt_lookup_num_tokens=N (0: off)",
+    )
+    p.add_argument(
+        "--hf-assistant",
+        default=None,
+        help="also run HF assisted generation with this assistant model folder (same tokenizer)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
 
 
@@ -220,6 +231,9 @@ def main_bench_decode(args: argparse.Namespace) -> int:
 
     target = TargetAdapter.from_pretrained(resolve_target(args.target))
     drafters = {name: build_drafter(name, target) for name in args.drafters.split(",")}
+    assistant = None
+    if args.hf_assistant:
+        assistant = TargetAdapter.from_pretrained(args.hf_assistant, dtype=target.dtype).model
     out = []
     for bench in args.bench.split(","):
         prompts = load_prompts(bench, args.limit)
@@ -230,16 +244,18 @@ def main_bench_decode(args: argparse.Namespace) -> int:
             max_tokens=args.max_tokens,
             block_size=args.block_size,
             include_hf=not args.no_hf,
+            hf_prompt_lookup=args.hf_prompt_lookup,
+            hf_assistant=assistant,
         )
         out += [{"bench": bench, **row} for row in result.rows()]
     ratio = verify_cost_ratio(target, k=8)
     if args.json:
         print(json.dumps({"rows": out, "verify8_over_decode1": ratio}, indent=2))
     else:
-        print(f"{'bench':<24}{'method':<14}{'tok/s':>9}{'tau':>7}{'speedup':>9}  identical")
+        print(f"{'bench':<24}{'method':<18}{'tok/s':>9}{'tau':>7}{'speedup':>9}  identical")
         for r in out:
             print(
-                f"{r['bench'][-24:]:<24}{r['method']:<14}{r['tokens_per_s']:>9.1f}{r['tau']:>7.2f}"
+                f"{r['bench'][-24:]:<24}{r['method']:<18}{r['tokens_per_s']:>9.1f}{r['tau']:>7.2f}"
                 f"{r['speedup']:>9.3f}  {r['identical_to_baseline']}"
             )
         print(f"verify 8 tokens / decode 1 token: {ratio:.2f}x")

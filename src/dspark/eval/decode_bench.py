@@ -21,6 +21,8 @@ from dspark.protocols import Drafter, SamplingParams
 from dspark.targets import TargetAdapter
 
 HF_METHOD = "hf-generate"
+HF_PROMPT_LOOKUP = "hf-prompt-lookup"
+HF_ASSISTED = "hf-assisted"
 
 
 @dataclass
@@ -76,14 +78,15 @@ def chat_prompt_ids(target: TargetAdapter, prompt: Prompt) -> list[int]:
     return list(encoded["input_ids"])
 
 
-def _hf_generate(target: TargetAdapter, ids: list[int], max_tokens: int) -> list[int]:
+def _hf_generate(target: TargetAdapter, ids: list[int], max_tokens: int, **assist) -> list[int]:
+    """HF ``generate``, greedy; ``assist`` = ``prompt_lookup_num_tokens=`` or ``assistant_model=``."""
     config = GenerationConfig(
         do_sample=False,
         max_new_tokens=max_tokens,
         eos_token_id=list(target.eos_token_ids),
         pad_token_id=target.tokenizer.pad_token_id if target.tokenizer else 0,
     )
-    out = target.model.generate(torch.tensor([ids], device=target.device), generation_config=config)
+    out = target.model.generate(torch.tensor([ids], device=target.device), generation_config=config, **assist)
     return out[0, len(ids) :].tolist()
 
 
@@ -96,17 +99,28 @@ def bench_decode(
     block_size: int = 7,
     include_hf: bool = True,
     baseline: str | None = None,
+    hf_prompt_lookup: int = 0,
+    hf_assistant=None,
 ) -> DecodeBenchResult:
-    """Decode every prompt greedily with each method; see the module docstring."""
-    names = ([HF_METHOD] if include_hf else []) + list(drafters)
+    """Decode every prompt greedily with each method; see the module docstring.
+
+    ``hf_prompt_lookup > 0`` adds HF's prompt lookup with that many tokens;
+    ``hf_assistant`` (a causal LM with the target's tokenizer) adds HF assisted generation.
+    """
+    hf_assist = {}
+    if include_hf and hf_prompt_lookup > 0:
+        hf_assist[HF_PROMPT_LOOKUP] = {"prompt_lookup_num_tokens": hf_prompt_lookup}
+    if include_hf and hf_assistant is not None:
+        hf_assist[HF_ASSISTED] = {"assistant_model": hf_assistant}
+    names = ([HF_METHOD] if include_hf else []) + list(hf_assist) + list(drafters)
     stats = {name: MethodStats() for name in names}
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     for prompt in tqdm(prompts, desc="decode bench", unit="prompt"):
         ids = chat_prompt_ids(target, prompt)
         for name in names:
             started = time.perf_counter()
-            if name == HF_METHOD:
-                out, rounds, accepted = _hf_generate(target, ids, max_tokens), 0, 0
+            if name == HF_METHOD or name in hf_assist:
+                out, rounds, accepted = _hf_generate(target, ids, max_tokens, **hf_assist.get(name, {})), 0, 0
             else:
                 result = speculative_generate(target, drafters[name], ids, params, block_size=block_size)
                 out = result.token_ids
