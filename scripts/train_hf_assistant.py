@@ -13,11 +13,10 @@ import time
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 from transformers import AutoTokenizer, Qwen3ForCausalLM
 
 from dspark.presets.tiny import tiny_target_dir
-from dspark.tiny.build import TinyTargetConfig, _lr_at, _token_stream, model_config
+from dspark.tiny.build import TinyTargetConfig, _token_stream, model_config, train_lm
 from dspark.tiny.corpus import build_corpus, is_held_out
 
 
@@ -28,26 +27,14 @@ def main(out: Path, steps: int) -> None:
     items = [i for i in build_corpus(cfg.math_items, seed=cfg.seed) if not is_held_out(i.key)]
     stream = _token_stream(items, tokenizer, random.Random(cfg.seed))
     model = Qwen3ForCausalLM(model_config(cfg, tokenizer)).train()
-    optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    gen = torch.Generator().manual_seed(cfg.seed)
     started = time.time()
-    for step in tqdm(range(steps), desc="assistant"):
-        starts = torch.randint(0, stream.numel() - cfg.seq_len - 1, (cfg.batch_size,), generator=gen)
-        batch = torch.stack([stream[s : s + cfg.seq_len + 1] for s in starts.tolist()])  # [B, T+1]
-        for group in optim.param_groups:
-            group["lr"] = _lr_at(step, cfg)
-        logits = model(batch[:, :-1]).logits  # [B, T, V]
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
-        optim.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optim.step()
+    loss = train_lm(model, stream, cfg, desc="assistant")
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.to(torch.bfloat16).save_pretrained(out)
     tokenizer.save_pretrained(out)
     print(
         f"assistant: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
-        f"{steps} steps in {time.time() - started:.0f} s, last loss {loss.item():.3f}"
+        f"{steps} steps in {time.time() - started:.0f} s, final loss (EMA) {loss:.3f}"
     )
 
 

@@ -24,3 +24,16 @@ def non_negative_float(text: str) -> float:
     if not value >= 0:  # also rejects NaN
         raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
     return value
+
+
+def json_object(text: str) -> dict:
+    """``'{"enable_thinking": false}'`` → ``{"enable_thinking": False}`` (``--template-kwargs``)."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e.msg}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value

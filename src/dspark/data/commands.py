@@ -10,8 +10,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
+from dspark.argtypes import json_object
 from dspark.argtypes import non_negative_float as _non_negative_float
 from dspark.argtypes import positive_int as _positive_int
 from dspark.errors import DsparkError
@@ -36,20 +36,10 @@ def _size(text: str) -> int:
     return value
 
 
-def _template_kwargs(text: str) -> dict[str, Any]:
-    """``'{"enable_thinking": false}'`` -> ``{"enable_thinking": False}`` (as ``dspark train`` takes it)."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DsparkError(f"--template-kwargs is not JSON: {e.msg}") from None
-    if not isinstance(value, dict):
-        raise DsparkError(f"--template-kwargs must be a JSON object, got {text!r}")
-    return value
-
-
 def _add_template_kwargs(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--template-kwargs",
+        type=json_object,
         default="{}",
         help="JSON passed to the chat template, e.g. '{\"enable_thinking\": false}'; "
         "use the same in regenerate, cache, train and eval (SPEC §7.4)",
@@ -208,7 +198,7 @@ def main_regenerate(args: argparse.Namespace) -> int:
         )
     except ValueError as e:
         raise DsparkError(str(e)) from None
-    template_kwargs = _template_kwargs(args.template_kwargs)
+    template_kwargs = args.template_kwargs
     prompts = load_prompt_sets(args.prompts, limit=args.limit)
     errors = args.errors or args.out.with_name(args.out.stem + ".errors.jsonl")
     if args.base_url:
@@ -333,7 +323,7 @@ def main_cache(args: argparse.Namespace) -> int:
         config = CacheBuildConfig(
             dtype=args.dtype,
             max_length=args.max_length,
-            template_kwargs=_template_kwargs(args.template_kwargs),
+            template_kwargs=args.template_kwargs,
             shard_bytes=args.shard_size,
             overwrite=args.overwrite,
             progress=not args.no_progress,
@@ -424,7 +414,7 @@ def main_estimate(args: argparse.Namespace) -> int:
         raise DsparkError("give --hidden-size and --feature-layers, or --target")
     tokens = args.tokens
     if tokens is None and args.data is not None:
-        tokens = _count_tokens(target, args.data, args.max_length, _template_kwargs(args.template_kwargs))
+        tokens = _count_tokens(target, args.data, args.max_length, args.template_kwargs)
     if tokens is None:
         raise DsparkError("give --tokens, or --data with --target")
     est = estimate_cache(hidden, layers, args.dtype, tokens)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 from pathlib import Path
 
 import torch
 
+from dspark.argtypes import json_object
 from dspark.errors import DsparkError
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,7 @@ def add_decoding_args(
     )
     p.add_argument(
         "--template-kwargs",
+        type=json_object,
         default="{}",
         help="JSON passed to the chat template, e.g. '{\"enable_thinking\": false}'",
     )
@@ -136,12 +137,7 @@ def load_benchmarks(args: argparse.Namespace, *, skip: int = 0):
 def eval_config(args: argparse.Namespace, *, baseline: bool):
     from dspark.eval.runner import EvalConfig
 
-    try:
-        template_kwargs = json.loads(args.template_kwargs)
-    except json.JSONDecodeError as e:
-        raise DsparkError(f"--template-kwargs is not JSON: {e.msg}") from None
-    if not isinstance(template_kwargs, dict):
-        raise DsparkError("--template-kwargs must be a JSON object")
+    template_kwargs = args.template_kwargs
     if args.temperature < 0:
         raise DsparkError(f"--temperature must be >= 0, got {args.temperature}")
     if args.max_tokens < 1:

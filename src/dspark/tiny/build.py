@@ -87,6 +87,37 @@ def _lr_at(step: int, cfg: TinyTargetConfig) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def train_lm(model, stream: torch.Tensor, cfg: TinyTargetConfig, *, desc: str) -> float:
+    """Next-token training on random ``seq_len`` windows of ``stream``; returns the loss EMA.
+
+    AdamW (no decay on norms), warmup then cosine (:func:`_lr_at`), clipping at 1.0.
+    """
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    optim = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+    )
+    gen = torch.Generator().manual_seed(cfg.seed)
+    bar = tqdm(range(cfg.steps), desc=desc, unit="step", file=sys.stderr)
+    loss_ema = None
+    for step in bar:
+        starts = torch.randint(0, stream.numel() - cfg.seq_len - 1, (cfg.batch_size,), generator=gen)
+        batch = torch.stack([stream[s : s + cfg.seq_len + 1] for s in starts.tolist()])  # [B, T+1]
+        for group in optim.param_groups:
+            group["lr"] = _lr_at(step, cfg)
+        logits = model(batch[:, :-1]).logits  # [B, T, V]
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optim.step()
+        loss_ema = loss.item() if loss_ema is None else 0.98 * loss_ema + 0.02 * loss.item()
+        bar.set_postfix(loss=f"{loss_ema:.3f}")
+    return loss_ema
+
+
 @torch.no_grad()
 def held_out_loss(model, tokenizer, items: list[Item]) -> dict[str, float]:
     """Mean token cross-entropy over the answer tokens of held-out items, per domain."""
@@ -156,29 +187,7 @@ def build_tiny_target(out: Path, prompts_out: Path, cfg: TinyTargetConfig = Tiny
     params = sum(p.numel() for p in model.parameters())
     log.info("model: %.2fM parameters, stream: %d tokens", params / 1e6, stream.numel())
 
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    optim = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr,
-        betas=(0.9, 0.95),
-    )
-    gen = torch.Generator().manual_seed(cfg.seed)
-    bar = tqdm(range(cfg.steps), desc="tiny target", unit="step", file=sys.stderr)
-    loss_ema = None
-    for step in bar:
-        starts = torch.randint(0, stream.numel() - cfg.seq_len - 1, (cfg.batch_size,), generator=gen)
-        batch = torch.stack([stream[s : s + cfg.seq_len + 1] for s in starts.tolist()])  # [B, T+1]
-        for group in optim.param_groups:
-            group["lr"] = _lr_at(step, cfg)
-        logits = model(batch[:, :-1]).logits  # [B, T, V]
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
-        optim.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optim.step()
-        loss_ema = loss.item() if loss_ema is None else 0.98 * loss_ema + 0.02 * loss.item()
-        bar.set_postfix(loss=f"{loss_ema:.3f}")
+    loss_ema = train_lm(model, stream, cfg, desc="tiny target")
     train_seconds = time.time() - started
 
     held = held_out_loss(model, tokenizer, held_items)

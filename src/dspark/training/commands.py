@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from dspark.argtypes import json_object
 from dspark.errors import DsparkError
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=None, help="use only the first N records")
     p.add_argument(
         "--template-kwargs",
+        type=json_object,
         default="{}",
         help="JSON passed to the chat template, e.g. '{\"enable_thinking\": false}'",
     )
@@ -145,10 +147,7 @@ def main_train(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    try:
-        template_kwargs = json.loads(args.template_kwargs)
-    except json.JSONDecodeError as e:
-        raise DsparkError(f"--template-kwargs is not JSON: {e.msg}") from None
+    template_kwargs = args.template_kwargs
     tiny = args.target in (None, "", TINY_TARGET_NAME)
     config = _drafter_config(args.drafter, args.preset, tiny)
     cfg = TrainConfig(
