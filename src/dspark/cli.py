@@ -79,17 +79,14 @@ def main_generate(args: argparse.Namespace) -> int:
     from dspark.protocols import SamplingParams
     from dspark.targets import TargetAdapter
 
-    try:
-        params = SamplingParams(
-            temperature=args.temperature,
-            top_k=args.top_k,
-            top_p=args.top_p,
-            max_tokens=args.max_tokens,
-            stop=tuple(args.stop),
-            seed=args.seed,
-        )
-    except ValueError as e:
-        raise DsparkError(str(e)) from None
+    params = SamplingParams(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        max_tokens=args.max_tokens,
+        stop=tuple(args.stop),
+        seed=args.seed,
+    )
     target = TargetAdapter.from_pretrained(resolve_target(args.target))
     drafter = build_drafter(args.drafter, target)
     tok = target.tokenizer

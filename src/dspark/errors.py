@@ -11,3 +11,7 @@ class PromptTooLongError(DsparkError):
 
 class UnsupportedTargetError(DsparkError):
     """A target family a component cannot run (yet), named with what to use instead."""
+
+
+class InvalidSamplingError(DsparkError, ValueError):
+    """Sampling parameters out of range (a ValueError too, for library callers)."""

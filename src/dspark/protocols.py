@@ -16,6 +16,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from dspark.errors import InvalidSamplingError
+
 
 @dataclass
 class SequenceState:
@@ -88,13 +90,13 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+            raise InvalidSamplingError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+            raise InvalidSamplingError(f"top_k must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise InvalidSamplingError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+            raise InvalidSamplingError(f"max_tokens must be >= 1, got {self.max_tokens}")
 
     @property
     def greedy(self) -> bool:

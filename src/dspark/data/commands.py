@@ -188,16 +188,13 @@ def main_regenerate(args: argparse.Namespace) -> int:
     from dspark.data.regenerate import RegenerateConfig, regenerate
     from dspark.protocols import SamplingParams
 
-    try:
-        params = SamplingParams(
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            max_tokens=args.max_tokens,
-            seed=args.seed,
-        )
-    except ValueError as e:
-        raise DsparkError(str(e)) from None
+    params = SamplingParams(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+    )
     template_kwargs = args.template_kwargs
     prompts = load_prompt_sets(args.prompts, limit=args.limit)
     errors = args.errors or args.out.with_name(args.out.stem + ".errors.jsonl")
