@@ -28,6 +28,7 @@ from dspark.data.commands import (
     main_prompts,
     main_regenerate,
 )
+from dspark.drafters.commands import add_export_args, main_export
 from dspark.engine.commands import add_profile_args, main_profile
 from dspark.errors import DsparkError
 from dspark.eval.commands import (
@@ -38,6 +39,7 @@ from dspark.eval.commands import (
     main_sweep_block_size,
     main_sweep_depth,
 )
+from dspark.quickstart.commands import add_quickstart_args, main_quickstart
 from dspark.server.commands import add_bench_serve_args, add_serve_args, main_bench_serve, main_serve
 from dspark.training.commands import add_train_args, main_train
 
@@ -322,6 +324,7 @@ def main_bench_overhead(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- the table
 
 COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
+    "quickstart": (add_quickstart_args, main_quickstart),
     "generate": (_add_generate, main_generate),
     "build-tiny-target": (_add_build_tiny, main_build_tiny_target),
     "train": (add_train_args, main_train),
@@ -337,6 +340,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[a
     "data estimate": (add_estimate_args, main_estimate),
     "eval": (add_eval_args, main_eval),
     "calibrate": (add_calibrate_args, main_calibrate),
+    "export": (add_export_args, main_export),
     "sweep block-size": (add_sweep_block_size_args, main_sweep_block_size),
     "sweep depth": (add_sweep_depth_args, main_sweep_depth),
 }

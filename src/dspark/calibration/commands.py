@@ -134,29 +134,34 @@ def _report_md(summary: dict, positions: list[int]) -> str:
     )
 
 
-def main_calibrate(args: argparse.Namespace) -> int:
-    """Fit STS temperatures on held-out rounds, write them into the drafter, report ECE/AUC/Brier."""
+def calibrate_drafter(
+    target,
+    folder: Path,
+    benchmarks,
+    config,
+    out: Path,
+    *,
+    holdout_fraction: float = 0.25,
+    bins: int = 20,
+    seed: int = 0,
+    save_to: Path | None = None,
+    dry_run: bool = False,
+) -> dict:
+    """Steps 1–4 of the module docstring for the drafter in ``folder``; the summary (also in ``out``)."""
     from dspark.calibration.collect import ConfidenceRounds, split_by_group
     from dspark.calibration.metrics import position_calibration
     from dspark.calibration.sts import apply_sts, compose_temperatures, fit_sts
     from dspark.drafters.folder import load_drafter
     from dspark.eval import plots
-    from dspark.eval.commands import eval_config, load_benchmarks, load_drafters, load_target, setup_threads
     from dspark.eval.report import write_json
     from dspark.eval.runner import run_eval
 
-    setup_threads(args)
-    if not 0.0 <= args.holdout_fraction < 1.0:
-        raise DsparkError(f"--holdout-fraction must be in [0, 1), got {args.holdout_fraction}")
-    if args.skip < 0 or args.bins < 1:
-        raise DsparkError("--skip must be >= 0 and --bins >= 1")
-    config = eval_config(args, baseline=False)
-    folder = _drafter_folder(args.drafter)
-    benchmarks = load_benchmarks(args, skip=args.skip)
-    target = load_target(args)
-    drafter = load_drafters({"drafter": str(folder)}, target)["drafter"]
-
-    result = run_eval(target, {"drafter": drafter}, benchmarks, config)
+    if not 0.0 <= holdout_fraction < 1.0:
+        raise DsparkError(f"--holdout-fraction must be in [0, 1), got {holdout_fraction}")
+    if bins < 1:
+        raise DsparkError("--bins must be >= 1")
+    drafter = load_drafter(folder, target)
+    result = run_eval(target, {"drafter": drafter}, benchmarks, dataclasses.replace(config, baseline=False))
     parts, offset = [], 0
     for bench in benchmarks:  # prompt ids unique across benchmarks, for the split
         rounds = result.confidence_rounds.get(("drafter", bench.name))
@@ -167,20 +172,20 @@ def main_calibrate(args: argparse.Namespace) -> int:
     rounds = ConfidenceRounds.concat(parts, block_size)
     if rounds.num_rounds == 0:
         raise DsparkError("no round proposed drafts; nothing to calibrate (more prompts or --max-tokens?)")
-    fit, report = split_by_group(rounds, args.holdout_fraction, seed=args.seed)
-    fitted = fit_sts(fit, bins=args.bins)
-    before = position_calibration(report, args.bins)
-    after = position_calibration(report.with_confidences(apply_sts(report.confidences, fitted)), args.bins)
+    fit, report = split_by_group(rounds, holdout_fraction, seed=seed)
+    fitted = fit_sts(fit, bins=bins)
+    before = position_calibration(report, bins)
+    after = position_calibration(report.with_confidences(apply_sts(report.confidences, fitted)), bins)
     previous = getattr(drafter.config, "sts_temperatures", None)
     temperatures = compose_temperatures(previous, fitted)
 
     written = None
-    if not args.dry_run:
-        target_folder = args.save_to or folder
-        if args.save_to is not None:
-            if args.save_to.exists():
-                shutil.rmtree(args.save_to)
-            shutil.copytree(folder, args.save_to)
+    if not dry_run:
+        target_folder = save_to or folder
+        if save_to is not None:
+            if save_to.exists():
+                shutil.rmtree(save_to)
+            shutil.copytree(folder, save_to)
         write_temperatures(target_folder, temperatures)
         reloaded = load_drafter(target_folder, target)  # the strict loader accepts what we wrote
         assert tuple(reloaded.config.sts_temperatures) == temperatures
@@ -189,8 +194,8 @@ def main_calibrate(args: argparse.Namespace) -> int:
     shown = (
         [k for k in POSITIONS_SHOWN if k <= block_size] if block_size >= 7 else list(range(1, block_size + 1))
     )
-    args.out.mkdir(parents=True, exist_ok=True)
-    plots.plot_reliability(before, after, args.out / "reliability.png", positions=shown)
+    out.mkdir(parents=True, exist_ok=True)
+    plots.plot_reliability(before, after, out / "reliability.png", positions=shown)
     same = report is fit
     summary = {
         "drafter": str(folder),
@@ -200,15 +205,43 @@ def main_calibrate(args: argparse.Namespace) -> int:
         "previous_temperatures": list(previous) if previous else None,
         "fit_rounds": fit.num_rounds,
         "report_rounds": report.num_rounds,
-        "report_set": "in-sample" if same else f"held-out {args.holdout_fraction:.0%} of the prompts",
-        "bins": args.bins,
+        "report_set": "in-sample" if same else f"held-out {holdout_fraction:.0%} of the prompts",
+        "bins": bins,
         "mean_ece_before": float(np.mean([p.ece for p in before])),
         "mean_ece_after": float(np.mean([p.ece for p in after])),
         "before": [dataclasses.asdict(p) for p in before],
         "after": [dataclasses.asdict(p) for p in after],
     }
-    write_json(args.out / "calibration.json", summary)
-    (args.out / "calibration.md").write_text(_report_md(summary, shown))
+    write_json(out / "calibration.json", summary)
+    (out / "calibration.md").write_text(_report_md(summary, shown))
+    return summary
+
+
+def main_calibrate(args: argparse.Namespace) -> int:
+    """Fit STS temperatures on held-out rounds, write them into the drafter, report ECE/AUC/Brier."""
+    from dspark.eval.commands import eval_config, load_benchmarks, load_target, setup_threads
+
+    setup_threads(args)
+    if not 0.0 <= args.holdout_fraction < 1.0:
+        raise DsparkError(f"--holdout-fraction must be in [0, 1), got {args.holdout_fraction}")
+    if args.skip < 0 or args.bins < 1:
+        raise DsparkError("--skip must be >= 0 and --bins >= 1")
+    config = eval_config(args, baseline=False)
+    folder = _drafter_folder(args.drafter)
+    benchmarks = load_benchmarks(args, skip=args.skip)
+    target = load_target(args)
+    summary = calibrate_drafter(
+        target,
+        folder,
+        benchmarks,
+        config,
+        args.out,
+        holdout_fraction=args.holdout_fraction,
+        bins=args.bins,
+        seed=args.seed,
+        save_to=args.save_to,
+        dry_run=args.dry_run,
+    )
     print(
         json.dumps(
             {

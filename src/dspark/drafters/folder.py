@@ -7,6 +7,10 @@ read (``block_size``, ``num_target_layers``, ``target_layer_ids``, ``mask_token_
 ``architectures``) + ours (``dspark_method``, ``sts_temperatures``);
 ``model.safetensors`` = ``drafter.state_dict()`` with no prefix.
 
+The loader also reads the folders ``dspark export`` writes: vLLM/SGLang name Eagle3's
+single layer ``midlayer`` (read as ``layers.0``), and ``dspark_export.json`` holds the
+sha256 of the weights, checked before they are read.
+
 Loading validates every field against the target and fails loudly on a missing or
 unexpected key or a shape mismatch — never a silent skip or zero-fill: silent
 block-size and LM-head mismatches are the most reported cause of collapsed acceptance.
@@ -15,6 +19,7 @@ block-size and LM-head mismatches are the most reported cause of collapsed accep
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -35,6 +40,9 @@ log = logging.getLogger(__name__)
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
+EXPORT_MANIFEST = "dspark_export.json"  # written by `dspark export`: format, source, checksums
+# vLLM/SGLang's Eagle3 checkpoints name their one decoder layer `midlayer` (vLLM reads it as layers.0).
+_SINGLE_LAYER_ALIAS = ("midlayer.", "layers.0.")
 # Drafter config fields written at the top level of config.json (target fields stay beside them).
 _TARGET_FIELDS_CHECKED = ("vocab_size", "hidden_size")
 
@@ -125,6 +133,45 @@ def _check_against_target(raw: dict[str, Any], kind: DrafterKind, target: Target
         raise DrafterLoadError(f"{where}: drafter does not fit this target: " + "; ".join(problems))
 
 
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file, read in 16 MiB chunks (drafter weights reach gigabytes)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _verify_checksums(folder: Path) -> None:
+    """Refuse an exported folder whose files no longer match the sha256 its manifest recorded."""
+    path = folder / EXPORT_MANIFEST
+    if not path.is_file():
+        return
+    try:
+        sums = json.loads(path.read_text())["sha256"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise DrafterLoadError(f"{path}: unreadable export manifest ({e})") from None
+    for name, expected in sums.items():
+        file = folder / name
+        if not file.is_file():
+            raise DrafterLoadError(f"{folder}: export is incomplete: {name} is missing")
+        if file_sha256(file) != expected:
+            raise DrafterLoadError(
+                f"{file}: export is corrupted: checksum mismatch with {EXPORT_MANIFEST} "
+                "(re-run `dspark export`)"
+            )
+
+
+def _unalias_keys(state: dict[str, torch.Tensor], where: Path) -> dict[str, torch.Tensor]:
+    """``midlayer.*`` → ``layers.0.*``; a folder holding both names is ambiguous."""
+    alias, name = _SINGLE_LAYER_ALIAS
+    if not any(k.startswith(alias) for k in state):
+        return state
+    if any(k.startswith(name) for k in state):
+        raise DrafterLoadError(f"{where}: weights hold both {alias}* and {name}* keys; keep one of the two")
+    return {(name + k.removeprefix(alias) if k.startswith(alias) else k): v for k, v in state.items()}
+
+
 def _check_state(state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], where: Path) -> None:
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
@@ -190,10 +237,12 @@ def load_drafter(folder: str | Path, target: TargetAdapter, *, block_size: int |
     weights = folder / WEIGHTS_NAME
     if not weights.is_file():
         raise DrafterLoadError(f"{folder}: no {WEIGHTS_NAME}")
+    _verify_checksums(folder)
     try:
         state = load_file(str(weights))
     except Exception as e:  # safetensors raises its own error types for corrupt files
         raise DrafterLoadError(f"{weights}: cannot read weights ({e})") from None
+    state = _unalias_keys(state, folder)
     expected = drafter.state_dict()
     _check_state(state, expected, folder)
     _check_shared_weights(state, target, folder)

@@ -1,0 +1,11 @@
+"""``dspark quickstart``: the whole pipeline on the embedded tiny target, in one command.
+
+regenerate → train DFlash / DSpark / Eagle3 (equal budgets, online features) →
+calibrate DSpark (STS) → evaluate → serving sweep → ``report.md``. Each stage writes
+its outputs and a marker under the run folder; a rerun skips the finished stages.
+"""
+
+from dspark.quickstart.pipeline import run_quickstart
+from dspark.quickstart.plan import FAST, FULL, QuickstartPlan
+
+__all__ = ["FAST", "FULL", "QuickstartPlan", "run_quickstart"]

@@ -1,0 +1,369 @@
+"""The quickstart stages, in order, each resumable (see :mod:`dspark.quickstart.stages`).
+
+Layout of a run folder::
+
+    data/answers.jsonl          the target's own answers to its training prompts
+    train/<method>/             trainer output (checkpoints, metrics.jsonl)
+    drafters/<method>/          the trained drafters (HF folders, SPEC §5.4)
+    drafters/dspark-sts/        DSpark with its fitted STS temperatures
+    calibration/                calibration.json / .md, reliability.png
+    eval/                       results.json, report.md, plots
+    serve/                      results.json, throughput_vs_per_user.png
+    stages/<stage>.json         resume markers
+    report.md                   the summary of everything above
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dspark.drafters.folder import file_sha256
+from dspark.errors import DsparkError
+from dspark.quickstart.plan import DOMAINS, METHODS, QuickstartPlan
+from dspark.quickstart.stages import Stages
+
+CALIBRATED = "dspark-sts"
+
+
+def _sha256(path: Path) -> str:
+    return file_sha256(path)[:16]
+
+
+def _folder_id(folder: Path) -> str:
+    """Identity of a drafter folder: its weights and config."""
+    return _sha256(folder / "model.safetensors") + _sha256(folder / "config.json")
+
+
+def last_metrics(run_dir: Path) -> dict[str, float]:
+    """The last record of a training run's ``metrics.jsonl`` (also right when the run was resumed)."""
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    record = json.loads(lines[-1]) if lines else {}
+    return {k: v for k, v in record.items() if isinstance(v, int | float)}
+
+
+def training_prompts(count: int, seed: int):
+    """``count`` of the tiny target's training prompts, balanced over math / code / chat."""
+    from dspark.data.prompts import Prompt
+    from dspark.tiny.corpus import training_records
+
+    by_domain: dict[str, list] = {d: [] for d in DOMAINS}
+    for i, record in enumerate(training_records()):
+        if record["domain"] in by_domain:
+            user = record["conversations"][0]["content"]
+            by_domain[record["domain"]].append(Prompt((user,), record["domain"], f"tiny-corpus:{i}"))
+    rng = random.Random(seed)
+    for items in by_domain.values():
+        rng.shuffle(items)
+    per = -(-count // len(DOMAINS))
+    mixed = [p for group in itertools.zip_longest(*(v[:per] for v in by_domain.values())) for p in group if p]
+    return mixed[:count]
+
+
+class Quickstart:
+    """One run: the plan, the run folder, the loaded target, and the stages."""
+
+    def __init__(self, plan: QuickstartPlan, out: Path, *, progress: bool, announce: Callable[[str], None]):
+        from dspark.presets.tiny import tiny_target_dir
+        from dspark.targets import TargetAdapter
+
+        self.plan = plan
+        self.out = out
+        self.progress = progress
+        self.stages = Stages(out, announce=announce)
+        self.target = TargetAdapter.from_pretrained(str(tiny_target_dir()))
+        self.default_layers = tuple(self.target.target_layer_ids)
+        self.target_id = _sha256(tiny_target_dir() / "model.safetensors")
+
+    # -- 1. data ------------------------------------------------------------------------------
+
+    def regenerate(self) -> dict[str, Any]:
+        p = self.plan
+        key = {"target": self.target_id} | p.part(
+            "train_prompts", "regen_max_tokens", "regen_temperature", "seed"
+        )
+        answers = self.out / "data" / "answers.jsonl"
+        errors = answers.with_name("answers.errors.jsonl")
+
+        def run() -> dict[str, Any]:
+            from dspark.data.regenerate import InProcessBackend, RegenerateConfig, regenerate
+            from dspark.protocols import SamplingParams
+
+            prompts = training_prompts(p.train_prompts, p.seed)
+            params = SamplingParams(
+                temperature=p.regen_temperature, max_tokens=p.regen_max_tokens, seed=p.seed
+            )
+            backend = InProcessBackend(self.target, drafter=None, max_batch=8, max_seq_len=512)
+            summary = regenerate(
+                prompts,
+                backend,
+                answers,
+                errors,
+                params,
+                RegenerateConfig(concurrency=8, progress=self.progress),
+            )
+            if summary.failed:
+                raise DsparkError(
+                    f"{summary.failed} training prompts failed; reasons in {errors}; rerun to retry"
+                )
+            return {
+                "prompts": summary.total,
+                "completion_tokens": summary.completion_tokens,
+                "tokens_per_s": round(summary.tokens_per_s, 1),
+                "answers": str(answers.relative_to(self.out)),
+                "data_id": _sha256(answers),
+            }
+
+        return self.stages.run("regenerate", key, run, outputs=(answers, errors))
+
+    # -- 2. training --------------------------------------------------------------------------
+
+    def train(self, method: str, data: dict[str, Any]) -> dict[str, Any]:
+        p = self.plan
+        key = {"target": self.target_id, "data": data["data_id"], "method": method} | p.part(
+            "train_steps",
+            "batch_size",
+            "micro_batch_size",
+            "num_anchors",
+            "max_length",
+            "lr",
+            "block_size",
+            "seed",
+        )
+        run_dir = self.out / "train" / method
+        folder = self.out / "drafters" / method
+
+        def run() -> dict[str, Any]:
+            import dataclasses
+
+            from dspark.drafters.folder import drafter_config_json, publish_checkpoint
+            from dspark.drafters.kinds import KINDS
+            from dspark.presets import drafters as presets
+            from dspark.training.data import read_jsonl, tokenize_records
+            from dspark.training.trainer import TrainConfig, train
+
+            config = dataclasses.replace(getattr(presets, f"{method}_tiny")(), block_size=p.block_size)
+            self.target.target_layer_ids = self.default_layers
+            torch.manual_seed(p.seed)
+            drafter = KINDS[method].drafter_cls.from_target(self.target, config)
+            samples = tokenize_records(
+                read_jsonl(self.out / data["answers"]), self.target.tokenizer, max_length=p.max_length
+            )
+            cfg = TrainConfig(
+                output_dir=str(run_dir),
+                max_steps=p.train_steps,
+                global_batch_size=p.batch_size,
+                micro_batch_size=p.micro_batch_size,
+                lr=p.lr,
+                num_anchors=p.num_anchors,
+                seed=p.seed,
+                save_every=max(1, p.train_steps // 3),
+                keep_last=1,
+                log_every=max(1, p.train_steps // 10),
+                progress=self.progress,
+            )
+            result = train(
+                cfg, self.target, drafter, samples, model_config=lambda d: drafter_config_json(d, self.target)
+            )
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            publish_checkpoint(result.checkpoint, folder)
+            metrics = {
+                k: round(v, 4) for k, v in last_metrics(run_dir).items() if not k.startswith("acceptance/")
+            }
+            return {
+                "method": method,
+                "steps": result.step,
+                "samples": len(samples),
+                "trainable_parameters": sum(p.numel() for p in drafter.parameters() if p.requires_grad),
+                "train_seconds": round(result.seconds, 1),
+                "metrics": metrics,
+                "drafter": str(folder.relative_to(self.out)),
+                "drafter_id": _folder_id(folder),
+            }
+
+        return self.stages.run(f"train-{method}", key, run, outputs=(run_dir, folder))
+
+    # -- 3. calibration -----------------------------------------------------------------------
+
+    def _builtin(self, skip: int, count: int):
+        from dspark.eval.benchmarks import load_benchmark
+
+        benches = []
+        for domain in DOMAINS:
+            bench = load_benchmark(domain, limit=skip + count)
+            benches.append(type(bench)(bench.name, bench.domain, bench.prompts[skip:]))
+        return benches
+
+    def _eval_config(self, max_tokens: int, baseline: bool):
+        from dspark.eval.runner import EvalConfig
+
+        p = self.plan
+        return EvalConfig(
+            temperature=p.temperature,
+            max_tokens=max_tokens,
+            seed=p.seed,
+            baseline=baseline,
+            progress=self.progress,
+        )
+
+    def calibrate(self, dspark: dict[str, Any]) -> dict[str, Any]:
+        p = self.plan
+        key = {"drafter": dspark["drafter_id"]} | p.part(
+            "calib_prompts", "eval_prompts", "eval_max_tokens", "temperature", "seed"
+        )
+        saved = self.out / "drafters" / CALIBRATED
+
+        def run() -> dict[str, Any]:
+            from dspark.calibration.commands import calibrate_drafter
+
+            benches = self._builtin(skip=p.eval_prompts, count=p.calib_prompts)
+            summary = calibrate_drafter(
+                self.target,
+                self.out / dspark["drafter"],
+                benches,
+                self._eval_config(p.eval_max_tokens, baseline=False),
+                self.out / "calibration",
+                holdout_fraction=0.25,
+                seed=p.seed,
+                save_to=saved,
+            )
+            keep = (
+                "temperatures",
+                "fit_rounds",
+                "report_rounds",
+                "report_set",
+                "mean_ece_before",
+                "mean_ece_after",
+            )
+            per_position = [
+                {"position": b["position"], "ece_before": b["ece"], "ece_after": a["ece"], "auc": b["auc"]}
+                for b, a in zip(summary["before"], summary["after"])
+            ]
+            return {k: summary[k] for k in keep} | {
+                "positions": per_position,
+                "drafter": str(saved.relative_to(self.out)),
+                "drafter_id": _folder_id(saved),
+            }
+
+        return self.stages.run("calibrate", key, run)
+
+    # -- 4. evaluation ------------------------------------------------------------------------
+
+    def evaluate(self, drafters: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        p = self.plan
+        key = {m: d["drafter_id"] for m, d in drafters.items()} | p.part(
+            "eval_prompts", "eval_max_tokens", "temperature", "seed"
+        )
+
+        def run() -> dict[str, Any]:
+            from dspark.drafters.folder import load_drafter
+            from dspark.eval.report import write_eval_report
+            from dspark.eval.runner import run_eval
+
+            loaded = {m: load_drafter(self.out / d["drafter"], self.target) for m, d in drafters.items()}
+            benches = self._builtin(skip=0, count=p.eval_prompts)
+            result = run_eval(
+                self.target, loaded, benches, self._eval_config(p.eval_max_tokens, baseline=True)
+            )
+            meta = {"target": "tiny", "drafters": {m: d["drafter"] for m, d in drafters.items()}}
+            write_eval_report(result, self.out / "eval", meta)
+            rows = [
+                {
+                    "drafter": r.drafter,
+                    "benchmark": r.benchmark,
+                    "domain": r.domain,
+                    "tau": r.tau,
+                    "tokens_per_s": r.tokens_per_s,
+                    "speedup": r.speedup,
+                    "num_rounds": r.num_rounds,
+                    "tokens": r.tokens,
+                    "conditional_acceptance": r.conditional_acceptance,
+                }
+                for r in result.rows
+            ]
+            return {"rows": rows, "report": "eval/report.md"}
+
+        return self.stages.run("eval", key, run)
+
+    # -- 5. serving ---------------------------------------------------------------------------
+
+    def serve(self, dspark: dict[str, Any]) -> dict[str, Any]:
+        p = self.plan
+        key = {"drafter": dspark["drafter_id"]} | p.part(
+            "serve_policies", "serve_concurrency", "serve_max_tokens", "block_size", "eval_prompts"
+        )
+
+        def run() -> dict[str, Any]:
+            from dspark.drafters.folder import load_drafter
+            from dspark.engine.profile import load_or_profile
+            from dspark.server.bench import bench_serve, plot_load
+            from dspark.targets.paged import KVStore
+
+            drafter = load_drafter(self.out / dspark["drafter"], self.target)
+            sets = [[pr.turns[0] for pr in b.prompts] for b in self._builtin(skip=0, count=40)]
+            prompts = [x for group in zip(*sets) for x in group]  # math, code, chat, math, ...
+            max_seq_len = 512
+            sps = None
+            if any(x.startswith("prefix") for x in p.serve_policies):
+                store = KVStore.for_target(
+                    self.target, num_slots=max(p.serve_concurrency), capacity=max_seq_len
+                )
+                sps = load_or_profile(
+                    self.target, store, block_size=p.block_size, path=self.out / "serve" / "sps.json"
+                )
+            points = bench_serve(
+                self.target,
+                drafter,
+                p.serve_policies,
+                p.serve_concurrency,
+                prompts,
+                max_tokens=p.serve_max_tokens,
+                requests_per_client=2,
+                block_size=p.block_size,
+                max_seq_len=max_seq_len,
+                sps=sps,
+            )
+            (self.out / "serve").mkdir(parents=True, exist_ok=True)
+            plot_load(points, self.out / "serve" / "throughput_vs_per_user.png")
+            return {"points": [pt.as_dict() for pt in points], "plot": "serve/throughput_vs_per_user.png"}
+
+        return self.stages.run("serve", key, run)
+
+
+def run_quickstart(
+    plan: QuickstartPlan,
+    out: Path,
+    *,
+    progress: bool = True,
+    announce: Callable[[str], None] = print,
+) -> Path:
+    """Run (or resume) every stage and write ``out/report.md``; returns its path."""
+    from dspark.quickstart.report import write_report
+
+    started = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    qs = Quickstart(plan, out, progress=progress, announce=announce)
+    data = qs.regenerate()
+    trained = {m: qs.train(m, data) for m in METHODS}
+    calibration = qs.calibrate(trained["dspark"])
+    evaluated = qs.evaluate({"dflash": trained["dflash"], "dspark": calibration, "eagle3": trained["eagle3"]})
+    serving = qs.serve(calibration)
+    return write_report(
+        out,
+        plan,
+        data=data,
+        trained=trained,
+        calibration=calibration,
+        evaluated=evaluated,
+        serving=serving,
+        log=qs.stages.log,
+        wall_seconds=time.perf_counter() - started,
+    )

@@ -1,0 +1,101 @@
+"""Resumable stages: a stage's summary is written last, so its presence means "done".
+
+``<run>/stages/<name>.json`` holds ``{"key": ..., "summary": ..., "seconds": ...}``. A
+rerun with the same key returns the stored summary without running the stage; a
+different key (another plan, another input) reruns it, and everything downstream of it
+sees new inputs through its own key. ``<name>.started.json`` records the key a stage was
+last started with: an interrupted stage restarted with the same key keeps its partial
+outputs (regeneration and training resume from them); with another key they are removed
+first, so no output mixes two plans.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class StageLog:
+    """What happened to each stage in this invocation (for the report and the console)."""
+
+    ran: list[str] = field(default_factory=list)
+    resumed: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)  # wall time of each stage when it ran
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class Stages:
+    def __init__(self, root: Path, *, announce: Callable[[str], None] = print) -> None:
+        self.root = root
+        self.log = StageLog()
+        self.announce = announce
+
+    def marker(self, name: str) -> Path:
+        return self.root / "stages" / f"{name}.json"
+
+    def done(self, name: str, key: dict[str, Any]) -> dict[str, Any] | None:
+        """The stored record of ``name`` when it finished with this ``key``, else None."""
+        path = self.marker(name)
+        if not path.is_file():
+            return None
+        try:
+            record = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            return None
+        return record if record.get("key") == json.loads(json.dumps(key)) else None
+
+    def run(
+        self,
+        name: str,
+        key: dict[str, Any],
+        fn: Callable[[], dict[str, Any]],
+        outputs: tuple[Path, ...] = (),
+    ) -> dict[str, Any]:
+        """``fn()``'s summary, or the stored one when ``name`` already finished with ``key``.
+
+        ``outputs`` are the files and folders the stage writes and may resume from.
+        """
+        record = self.done(name, key)
+        if record is not None:
+            self.announce(f"· {name}: done in an earlier run ({record['seconds']:.0f} s), skipped")
+            self.log.resumed.append(name)
+            self.log.seconds[name] = record["seconds"]
+            return record["summary"]
+        started_marker = self.marker(name).with_suffix(".started.json")
+        if started_marker.is_file() and json.loads(started_marker.read_text()) != json.loads(json.dumps(key)):
+            for path in outputs:  # written under another plan: start over
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink(missing_ok=True)
+        self.marker(name).unlink(missing_ok=True)
+        _write_atomic(started_marker, json.dumps(key) + "\n")
+        self.announce(f"▶ {name}")
+        started = time.perf_counter()
+        summary = fn()
+        seconds = time.perf_counter() - started
+        _write_atomic(
+            self.marker(name),
+            json.dumps({"key": key, "summary": summary, "seconds": round(seconds, 2)}, indent=1) + "\n",
+        )
+        self.announce(f"✓ {name} ({seconds:.0f} s)")
+        self.log.ran.append(name)
+        self.log.seconds[name] = round(seconds, 2)
+        return summary

@@ -1,0 +1,84 @@
+"""``dspark quickstart --fast`` end to end on the embedded tiny target, then a resumed rerun."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dspark.cli import main
+from dspark.quickstart.plan import FAST, METHODS
+from dspark.quickstart.stages import Stages
+
+STAGES = ["regenerate", *(f"train-{m}" for m in METHODS), "calibrate", "eval", "serve"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("quickstart")
+    assert main(["quickstart", "--fast", "--no-progress", "--out", str(out)]) == 0
+    return out
+
+
+def _stage(out, name):
+    return json.loads(Stages(out).marker(name).read_text())["summary"]
+
+
+def test_report_and_plots_are_written(run):
+    report = (run / "report.md").read_text()
+    for heading in (
+        "## Training (equal budgets)",
+        "## Acceptance length τ",
+        "## Calibration",
+        "## Serving sweep",
+    ):
+        assert heading in report
+    for plot in (
+        "eval/conditional_acceptance.png",
+        "calibration/reliability.png",
+        "serve/throughput_vs_per_user.png",
+    ):
+        assert (run / plot).stat().st_size > 1000
+        assert plot in report
+
+
+def test_figures_come_from_the_run(run):
+    rows = _stage(run, "eval")["rows"]
+    plain = {r["domain"]: r for r in rows if r["drafter"] == "none"}
+    drafted = [r for r in rows if r["drafter"] != "none"]
+    assert {r["drafter"] for r in drafted} == set(METHODS)
+    for r in drafted:
+        assert 1.0 <= r["tau"] <= FAST.block_size + 1
+        assert r["tau"] == pytest.approx((r["tokens"]) / r["num_rounds"], rel=1e-6)
+        # speedup = measured tokens/s over plain decoding's on the same prompts
+        assert r["speedup"] == pytest.approx(r["tokens_per_s"] / plain[r["domain"]]["tokens_per_s"], rel=1e-6)
+    summary = json.loads((run / "summary.json").read_text())
+    for m in METHODS:
+        assert summary["eval_means"][m]["tau"] == pytest.approx(
+            sum(r["tau"] for r in drafted if r["drafter"] == m) / 3
+        )
+    points = _stage(run, "serve")["points"]
+    assert {(p["policy"], p["concurrency"]) for p in points} == {
+        (p, c) for p in FAST.serve_policies for c in FAST.serve_concurrency
+    }
+    for p in points:
+        assert p["throughput"] == pytest.approx(p["tokens"] / p["seconds"], rel=1e-2)
+    assert f"{summary['eval_means']['dspark']['tau']:.2f}" in (run / "report.md").read_text()
+
+
+def test_drafters_were_trained_with_equal_budgets_and_dspark_calibrated(run):
+    trained = [_stage(run, f"train-{m}") for m in METHODS]
+    assert {t["steps"] for t in trained} == {FAST.train_steps}
+    assert len({t["samples"] for t in trained}) == 1
+    config = json.loads((run / "drafters" / "dspark-sts" / "config.json").read_text())
+    assert config["sts_temperatures"] == _stage(run, "calibrate")["temperatures"]
+    assert "sts_temperatures" not in json.loads(
+        (run / "drafters" / "dspark" / "config.json").read_text()
+    ) or (json.loads((run / "drafters" / "dspark" / "config.json").read_text())["sts_temperatures"] is None)
+
+
+def test_rerun_resumes_every_stage(run, capsys):
+    assert main(["quickstart", "--fast", "--no-progress", "--out", str(run)]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["resumed"] == STAGES
+    assert "skipped" in capsys.readouterr().err

@@ -1,0 +1,71 @@
+"""Resumable quickstart stages: skip when finished with the same key, start over with another."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dspark.quickstart.plan import FAST, FULL
+from dspark.quickstart.stages import Stages
+
+
+def _stages(tmp_path):
+    return Stages(tmp_path, announce=lambda line: None)
+
+
+def test_finished_stage_is_skipped_with_the_same_key(tmp_path):
+    calls = []
+    stages = _stages(tmp_path)
+    assert stages.run("a", {"n": 1}, lambda: calls.append(1) or {"x": 1}) == {"x": 1}
+    again = _stages(tmp_path)
+    assert again.run("a", {"n": 1}, lambda: calls.append(2) or {"x": 2}) == {"x": 1}
+    assert calls == [1]
+    assert again.log.resumed == ["a"] and again.log.ran == []
+
+
+def test_another_key_reruns_and_clears_the_outputs(tmp_path):
+    out = tmp_path / "data.jsonl"
+    stages = _stages(tmp_path)
+    stages.run("a", {"n": 1}, lambda: out.write_text("old\n") and {"x": 1}, outputs=(out,))
+
+    def rerun():
+        assert not out.exists()  # the other plan's output is gone before the stage runs
+        out.write_text("new\n")
+        return {"x": 2}
+
+    assert _stages(tmp_path).run("a", {"n": 2}, rerun, outputs=(out,)) == {"x": 2}
+    assert out.read_text() == "new\n"
+
+
+def test_an_interrupted_stage_keeps_its_partial_outputs_for_the_same_key(tmp_path):
+    out = tmp_path / "partial"
+    out.mkdir()
+
+    def crash():
+        (out / "part-1").write_text("done")
+        raise KeyboardInterrupt
+
+    stages = _stages(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        stages.run("train", {"steps": 3}, crash, outputs=(out,))
+    assert not stages.marker("train").exists()  # not finished
+    seen = []
+    _stages(tmp_path).run(
+        "train", {"steps": 3}, lambda: seen.append(sorted(p.name for p in out.iterdir())) or {}
+    )
+    assert seen == [["part-1"]]  # resumed from what the interrupted run left
+
+
+def test_a_corrupt_marker_means_not_done(tmp_path):
+    stages = _stages(tmp_path)
+    stages.run("a", {"n": 1}, lambda: {"x": 1})
+    stages.marker("a").write_text("{not json")
+    assert _stages(tmp_path).run("a", {"n": 1}, lambda: {"x": 3}) == {"x": 3}
+    assert json.loads(stages.marker("a").read_text())["summary"] == {"x": 3}
+
+
+def test_plans_differ_in_every_stage_key():
+    for fields in (("train_prompts",), ("train_steps", "batch_size"), ("eval_prompts",), ("serve_policies",)):
+        assert FAST.part(*fields) != FULL.part(*fields)
+    assert FULL.part("serve_policies") == {"serve_policies": list(FULL.serve_policies)}
