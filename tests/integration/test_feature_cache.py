@@ -259,3 +259,29 @@ def test_two_processes_build_the_same_cache(target_dir, records, fp32_cache, tmp
         a, b = one.sample(i), two.sample(i)
         assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.features, b.features)
         assert torch.equal(a.hidden, b.hidden)
+
+
+def test_train_cli_uses_a_matching_cache_and_refuses_another(
+    target_dir, records, fp32_cache, tmp_path, capsys
+):
+    """`dspark train --feature-cache` trains from the cache; a cache of other records is refused."""
+    from dspark.cli import main
+
+    data = tmp_path / "records.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    common = ["train", "--drafter", "dflash", "--target", str(target_dir), "--max-length", "1024"]
+    common += ["--steps", "2", "--batch-size", "2", "--micro-batch-size", "2", "--num-anchors", "4"]
+    assert (
+        main([*common, "--data", str(data), "--feature-cache", str(fp32_cache), "--out", str(tmp_path / "a")])
+        == 0
+    )
+    assert (tmp_path / "a" / "drafter" / "model.safetensors").is_file()
+
+    fewer = tmp_path / "fewer.jsonl"
+    fewer.write_text("".join(json.dumps(r) + "\n" for r in records[:6]))
+    with pytest.raises(SystemExit) as e:
+        main(
+            [*common, "--data", str(fewer), "--feature-cache", str(fp32_cache), "--out", str(tmp_path / "b")]
+        )
+    assert e.value.code == 2
+    assert "built from other data" in capsys.readouterr().err

@@ -31,7 +31,11 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--target", default=None, help="HF model folder or hub id (default: the embedded tiny target)"
     )
-    p.add_argument("--device", default="cpu", help="torch device of the target and drafters")
+    p.add_argument(
+        "--device",
+        default=None,
+        help="torch device of the target and drafters (default: cuda if present, else cpu)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
 
 

@@ -119,16 +119,22 @@ class TargetAdapter:
         cls,
         name_or_path: str | Path,
         *,
-        dtype: torch.dtype = torch.float32,
-        device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None,
+        device: str | torch.device | None = None,
         trust_remote_code: bool = False,
         target_layer_ids=None,
     ) -> TargetAdapter:
         """Load a target (model + tokenizer) from a local HF folder or a hub id.
 
+        ``device`` defaults to CUDA when there is one, else the CPU; ``dtype`` to bf16 on
+        CUDA and fp32 on the CPU (the tests' exact-parity dtype), so every command that
+        loads a target runs a Qwen3-8B on a GPU box without extra flags.
         Safetensors only; ``trust_remote_code`` stays off unless asked (SPEC §4).
         Raises :class:`TargetLoadError` when there is no loadable model there.
         """
+        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if dtype is None:
+            dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         source = str(name_or_path)
         local = Path(source).expanduser()
         # A hub id is "name" or "org/name"; anything else names a local folder.

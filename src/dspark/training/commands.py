@@ -73,6 +73,13 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         "--parallel", choices=["ddp", "fsdp"], default="ddp", help="data parallelism under torchrun"
     )
     p.add_argument("--no-resume", action="store_true", help="start afresh even if a checkpoint exists")
+    p.add_argument(
+        "--feature-cache",
+        type=Path,
+        default=None,
+        help="train from an offline feature cache built by `dspark data cache` from the same --data, "
+        "target and --max-length, instead of running the target online",
+    )
     p.add_argument("--tensorboard", action="store_true", help="also log to TensorBoard (if installed)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
 
@@ -135,6 +142,24 @@ def _online_eval(target, prompt_specs: str, count: int = 6, max_tokens: int = 48
     return evaluate
 
 
+def _feature_cache(root: Path | None, target, data, template_kwargs, max_length: int):
+    """The opened, checked cache at ``root`` (None: online features); refuses one of other data."""
+    if root is None:
+        return None
+    from dspark.data.cache import FeatureCache
+    from dspark.training.data import TrainDataset
+
+    cache = FeatureCache.open(root)  # shard checksums
+    cache.check_compatible(target, template_kwargs=template_kwargs, max_length=max_length)
+    cached = TrainDataset(cache.token_samples())
+    if cached.fingerprint != data.fingerprint:
+        raise DsparkError(
+            f"the feature cache at {root} holds {len(cached)} samples built from other data than --data "
+            f"({len(data)} samples here); rebuild it with `dspark data cache` on the same files"
+        )
+    return cache
+
+
 def main_train(args: argparse.Namespace) -> int:
     """Train a drafter against a frozen target (one process, or many under torchrun)."""
     from dspark.drafters.folder import drafter_config_json, publish_checkpoint
@@ -179,6 +204,7 @@ def main_train(args: argparse.Namespace) -> int:
         )
         if len(data) == 0:
             raise DsparkError("no training sample has supervised (assistant) tokens")
+        cache = _feature_cache(args.feature_cache, target, data, template_kwargs, args.max_length)
         online_eval = _online_eval(target, args.eval_prompts) if args.eval_every else None
         result = train(
             cfg,
@@ -188,6 +214,7 @@ def main_train(args: argparse.Namespace) -> int:
             online_eval=online_eval,
             world=world,
             model_config=lambda d: drafter_config_json(d, target),
+            feature_cache=cache,
         )
         if world.is_main:
             # The last checkpoint is already a drafter folder (SPEC §5.4): publish its two files.

@@ -313,7 +313,7 @@ class Trainer:
                     loss, loss_out = self.model(batch)
                 (loss / len(micro)).backward()  # the step's objective: the mean of micro-batch losses
             loss_sum += loss.detach().double()
-            tokens += tb.num_tokens
+            tokens += sum(len(self.dataset[j].input_ids) for j in mb.indices)  # real tokens, no padding
             if metrics is not None:
                 metrics.add(flatten_metrics(loss_out))
 
