@@ -217,6 +217,12 @@ def _add_bench_decode(p: argparse.ArgumentParser) -> None:
         default=None,
         help="also run HF assisted generation with this assistant model folder (same tokenizer)",
     )
+    p.add_argument(
+        "--engine-policies",
+        default="",
+        help="also decode each drafter through the batched engine (one slot) with these comma-separated "
+        "verification policies, as methods DRAFTER@POLICY (e.g. prefix,fixed)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
 
 
@@ -224,12 +230,19 @@ def main_bench_decode(args: argparse.Namespace) -> int:
     """Batch-1 greedy tokens/s of HF generate vs our loop with each drafter, as ratios from one run."""
     from dspark.data.prompts import load_prompts
     from dspark.drafters.registry import build_drafter
-    from dspark.eval.decode_bench import bench_decode, verify_cost_ratio
+    from dspark.eval.decode_bench import batch1_engine, bench_decode, verify_cost_ratio
     from dspark.presets.tiny import resolve_target
     from dspark.targets import TargetAdapter
 
     target = TargetAdapter.from_pretrained(resolve_target(args.target))
     drafters = {name: build_drafter(name, target) for name in args.drafters.split(",")}
+    policies = [p.strip() for p in args.engine_policies.split(",") if p.strip()]
+    engines = {
+        f"{name}@{policy}": batch1_engine(target, drafter, policy, block_size=args.block_size)
+        for name, drafter in drafters.items()
+        if drafter is not None
+        for policy in policies
+    }
     assistant = None
     if args.hf_assistant:
         assistant = TargetAdapter.from_pretrained(args.hf_assistant, dtype=target.dtype).model
@@ -245,6 +258,7 @@ def main_bench_decode(args: argparse.Namespace) -> int:
             include_hf=not args.no_hf,
             hf_prompt_lookup=args.hf_prompt_lookup,
             hf_assistant=assistant,
+            engines=engines,
         )
         out += [{"bench": bench, **row} for row in result.rows()]
     ratio = verify_cost_ratio(target, k=8)

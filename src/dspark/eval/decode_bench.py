@@ -1,7 +1,10 @@
 """Batch-1 decoding benchmark: HF ``generate`` vs our loop, with and without drafters.
 
-Every method decodes the same prompts greedily in the same process, interleaved prompt
-by prompt so that machine noise hits all of them alike; the figures that matter are the
+Our methods run through the batch-1 reference loop (every draft verified), or, named
+``drafter@policy`` (e.g. ``dspark@prefix``), through the batched engine with one KV slot
+and that verification policy — the path ``dspark serve`` takes for a lone user. Every
+method decodes the same prompts greedily in the same process, interleaved prompt by
+prompt so that machine noise hits all of them alike; the figures that matter are the
 ratios. Greedy outputs must be identical across methods (losslessness), and the report
 says so.
 """
@@ -17,6 +20,7 @@ from transformers import GenerationConfig
 
 from dspark.data.prompts import Prompt
 from dspark.decoding import speculative_generate
+from dspark.engine import Engine, EngineConfig
 from dspark.protocols import Drafter, SamplingParams
 from dspark.targets import TargetAdapter
 
@@ -69,6 +73,16 @@ class DecodeBenchResult:
         ]
 
 
+def batch1_engine(
+    target: TargetAdapter, drafter: Drafter | None, policy: str, *, block_size: int, max_seq_len: int = 1024
+) -> Engine:
+    """An engine with one KV slot serving ``drafter`` under ``policy`` (SPS profile loaded or measured)."""
+    config = EngineConfig(
+        block_size=block_size, policy=policy, max_batch=1, max_seq_len=min(max_seq_len, target.max_context)
+    )
+    return Engine(target, drafter, config)
+
+
 def chat_prompt_ids(target: TargetAdapter, prompt: Prompt) -> list[int]:
     """The first user turn through the target's own chat template (SPEC §7.4)."""
     messages = [{"role": "user", "content": prompt.turns[0]}]
@@ -101,18 +115,21 @@ def bench_decode(
     baseline: str | None = None,
     hf_prompt_lookup: int = 0,
     hf_assistant=None,
+    engines: dict[str, Engine] | None = None,
 ) -> DecodeBenchResult:
     """Decode every prompt greedily with each method; see the module docstring.
 
     ``hf_prompt_lookup > 0`` adds HF's prompt lookup with that many tokens;
     ``hf_assistant`` (a causal LM with the target's tokenizer) adds HF assisted generation.
+    ``engines`` adds methods decoded by those engines (see :func:`batch1_engine`).
     """
+    engines = engines or {}
     hf_assist = {}
     if include_hf and hf_prompt_lookup > 0:
         hf_assist[HF_PROMPT_LOOKUP] = {"prompt_lookup_num_tokens": hf_prompt_lookup}
     if include_hf and hf_assistant is not None:
         hf_assist[HF_ASSISTED] = {"assistant_model": hf_assistant}
-    names = ([HF_METHOD] if include_hf else []) + list(hf_assist) + list(drafters)
+    names = ([HF_METHOD] if include_hf else []) + list(hf_assist) + list(drafters) + list(engines)
     stats = {name: MethodStats() for name in names}
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     for prompt in tqdm(prompts, desc="decode bench", unit="prompt"):
@@ -121,6 +138,10 @@ def bench_decode(
             started = time.perf_counter()
             if name == HF_METHOD or name in hf_assist:
                 out, rounds, accepted = _hf_generate(target, ids, max_tokens, **hf_assist.get(name, {})), 0, 0
+            elif name in engines:
+                result = engines[name].generate([ids], params)[0]
+                out = result.token_ids
+                rounds, accepted = len(result.rounds), sum(r.accepted for r in result.rounds)
             else:
                 result = speculative_generate(target, drafters[name], ids, params, block_size=block_size)
                 out = result.token_ids
