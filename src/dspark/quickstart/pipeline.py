@@ -26,11 +26,14 @@ from typing import Any
 import torch
 
 from dspark.drafters.folder import file_sha256
+from dspark.drafters.registry import shipped_drafter_dir
 from dspark.errors import DsparkError
 from dspark.quickstart.plan import DOMAINS, METHODS, QuickstartPlan
 from dspark.quickstart.stages import Stages
 
 CALIBRATED = "dspark-sts"
+SHIPPED_REFERENCE = "dspark"  # the shipped drafter evaluated beside the ones trained here
+REFERENCES = ("ngram", "dspark-shipped")  # eval rows that were not trained by this run
 
 
 def _sha256(path: Path) -> str:
@@ -259,16 +262,22 @@ class Quickstart:
 
     def evaluate(self, drafters: dict[str, dict[str, Any]]) -> dict[str, Any]:
         p = self.plan
+        shipped = shipped_drafter_dir(SHIPPED_REFERENCE)
         key = {m: d["drafter_id"] for m, d in drafters.items()} | p.part(
             "eval_prompts", "eval_max_tokens", "temperature", "seed"
         )
+        key |= {"references": list(REFERENCES), "shipped": _folder_id(shipped)}
 
         def run() -> dict[str, Any]:
             from dspark.drafters.folder import load_drafter
+            from dspark.drafters.registry import build_drafter
             from dspark.eval.report import write_eval_report
             from dspark.eval.runner import run_eval
 
             loaded = {m: load_drafter(self.out / d["drafter"], self.target) for m, d in drafters.items()}
+            # references: what no training (prompt lookup) and the shipped budget reach
+            loaded[REFERENCES[0]] = build_drafter("ngram", self.target)
+            loaded[REFERENCES[1]] = load_drafter(shipped, self.target)
             benches = self._builtin(skip=0, count=p.eval_prompts)
             result = run_eval(
                 self.target, loaded, benches, self._eval_config(p.eval_max_tokens, baseline=True)
@@ -326,7 +335,7 @@ class Quickstart:
                 p.serve_concurrency,
                 prompts,
                 max_tokens=p.serve_max_tokens,
-                requests_per_client=2,
+                requests_per_client=3,
                 block_size=p.block_size,
                 max_seq_len=max_seq_len,
                 sps=sps,

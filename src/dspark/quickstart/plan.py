@@ -19,10 +19,10 @@ class QuickstartPlan:
     regen_max_tokens: int = 128
     regen_temperature: float = 1.0
     # train: every method gets exactly this budget (its tiny preset's architecture)
-    train_steps: int = 90
+    train_steps: int = 150
     batch_size: int = 8
     micro_batch_size: int = 4
-    num_anchors: int = 32
+    num_anchors: int = 64
     max_length: int = 256
     lr: float = 1e-3
     # calibrate DSpark on the built-in prompts after the evaluation ones (disjoint sets)
