@@ -23,6 +23,7 @@ class EngineConfig:
     prefill_chunk: int = 256  # prompt tokens prefilled per step, over all prefilling requests
     early_exit: float = 0.1  # skip drafting while P(first draft accepted) is predicted below this
     probe_every: int = 8  # ... but draft at least every this many rounds to refresh the prediction
+    cost_aware: bool = True  # SPS policies: skip drafting that would cost more time than it saves
     sps_path: Path | None = None  # SPS profile to load or create; None = the per-target cache file
 
     def __post_init__(self) -> None:

@@ -6,7 +6,9 @@ One :meth:`Engine.step`:
 2. **prefill**: pick prompt chunks of prefilling requests, up to ``prefill_chunk``
    tokens per step (chunked prefill, mixed with the decode runs below);
 3. **draft** for every decoding request, except those the difficulty-aware early exit
-   skips (their own history says the first draft would likely be rejected);
+   skips (their own history says the first draft would likely be rejected) and, under
+   the SPS-driven policies, those whose expected accepted tokens would not repay the
+   drafting and verification time (cost-aware drafting, ``scheduler/drafting.py``);
 4. **schedule**: the policy turns confidences (the drafter's, or the online estimator's)
    into per-request verification lengths ``ℓ_r`` (``scheduler/policies.py``);
 5. **one target forward** over the flattened runs — each decoding request's anchor and
@@ -46,6 +48,8 @@ from dspark.scheduler import (
     ConfidenceEstimator,
     FirstAcceptPredictor,
     SpsTable,
+    drafting_pays,
+    marginal_token_s,
     parse_policy,
     peak_features,
     schedule,
@@ -97,6 +101,7 @@ class Engine:
         self._finished: dict[int, Request] = {}
         self._next_id = 0
         self._step_index = 0  # never reset (stats may be), for prefix-async's stale confidences
+        self._draft_s_per_request: float | None = None  # EMA of drafting seconds per drafted request
 
     # -- public API ---------------------------------------------------------------------
 
@@ -237,15 +242,32 @@ class Engine:
                 break
         return plan
 
+    def _drafting_pays(self, decoding: list[Request]) -> list[bool]:
+        """Cost-aware drafting (``scheduler/drafting.py``) for the SPS-driven policies; else all True."""
+        R = len(decoding)
+        ready = self.sps is not None and self._draft_s_per_request is not None
+        if not (self.config.cost_aware and self.policy.needs_sps and ready):
+            return [True] * R
+        K = max(self.config.block_size, 1)
+        first = torch.tensor([r.predictor.estimate for r in decoding], dtype=torch.float64)
+        return drafting_pays(
+            first,
+            self.estimator.position_rates()[1:K],
+            draft_s=self._draft_s_per_request,
+            token_s=marginal_token_s(self.sps, R, R),  # about one more verified token per request
+            tokens_per_s=R * self.sps(R),
+        ).tolist()
+
     def _draft(self, decoding: list[Request]) -> tuple[DraftBlock, dict[int, int]]:
         """Propose for the requests that draft this step; ``drafting`` maps request id -> block row."""
         K = self.config.block_size
+        pays = self._drafting_pays(decoding)
         chosen = [
             r
-            for r in decoding
+            for r, worth in zip(decoding, pays)
             if self.drafter is not None
             and r.draft_budget > 0
-            and r.predictor.should_draft(self.config.early_exit, self.config.probe_every)
+            and r.predictor.should_draft(self.config.early_exit, self.config.probe_every, pays=worth)
         ]
         if not chosen or K == 0:
             return DraftBlock.empty(0, self.target.vocab_size), {}
@@ -253,7 +275,11 @@ class Engine:
         # Always γ drafts, capped per request by the scheduler: a seeded request then draws
         # the same drafter randomness alone or in any batch.
         block = self.drafter.propose([r.state for r in chosen], K, [r.params for r in chosen])
-        self.stats.draft_s += time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        self.stats.draft_s += elapsed
+        per_request = elapsed / len(chosen)
+        prev = self._draft_s_per_request
+        self._draft_s_per_request = per_request if prev is None else 0.9 * prev + 0.1 * per_request
         self.stats.drafted += int(block.lengths.sum())
         return block, {r.id: i for i, r in enumerate(chosen)}
 

@@ -10,6 +10,7 @@ from dspark.scheduler.confidence_estimator import (
     FirstAcceptPredictor,
     peak_features,
 )
+from dspark.scheduler.drafting import drafting_pays, marginal_token_s
 from dspark.scheduler.policies import (
     Policy,
     fixed_lengths,
@@ -30,8 +31,10 @@ __all__ = [
     "Policy",
     "SpsTable",
     "default_sizes",
+    "drafting_pays",
     "fixed_lengths",
     "global_search",
+    "marginal_token_s",
     "measure_sps",
     "parse_policy",
     "peak_features",

@@ -116,9 +116,10 @@ class FirstAcceptPredictor:
     def observe(self, first_accepted: bool) -> None:
         self.estimate += self.weight * (float(first_accepted) - self.estimate)
 
-    def should_draft(self, threshold: float, probe_every: int) -> bool:
-        """Draft unless the estimate is below ``threshold``; still probe every ``probe_every`` rounds."""
-        if self.estimate >= threshold or self.skipped + 1 >= probe_every:
+    def should_draft(self, threshold: float, probe_every: int, *, pays: bool = True) -> bool:
+        """Draft unless the estimate is below ``threshold`` (or drafting does not ``pays``);
+        still probe every ``probe_every`` rounds."""
+        if (pays and self.estimate >= threshold) or self.skipped + 1 >= probe_every:
             self.skipped = 0
             return True
         self.skipped += 1

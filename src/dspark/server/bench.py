@@ -104,6 +104,7 @@ def bench_serve(
     block_size: int = 7,
     max_seq_len: int = 512,
     sps: SpsTable | None = None,
+    cost_aware: bool = True,
     progress: Callable[[LoadPoint], None] | None = None,
 ) -> list[LoadPoint]:
     """Every policy at every concurrency (see the module docstring); policy ``none`` = plain decoding.
@@ -120,6 +121,7 @@ def bench_serve(
             policy="fixed" if policy == PLAIN else policy,
             max_batch=max(concurrencies),
             max_seq_len=max_seq_len,
+            cost_aware=cost_aware,
         )
         worker = EngineWorker(Engine(target, None if policy == PLAIN else drafter, config, sps=sps))
         app = create_app(worker, "bench", max_queue=max(concurrencies))

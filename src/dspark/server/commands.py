@@ -56,6 +56,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         "--sps-profile", default=None, help="SPS profile to load or create (default: the per-target cache)"
     )
     p.add_argument(
+        "--no-cost-aware",
+        action="store_true",
+        help="prefix policies: draft whenever the early exit allows, even where drafting costs more "
+        "time than its expected accepted tokens save",
+    )
+    p.add_argument(
         "--drain-timeout",
         type=non_negative_float,
         default=60.0,
@@ -87,6 +93,7 @@ def main_serve(args: argparse.Namespace) -> int:
             max_batch=args.max_batch,
             max_seq_len=args.max_seq_len,
             sps_path=args.sps_profile,
+            cost_aware=not args.no_cost_aware,
         )
     except ValueError as e:
         raise DsparkError(str(e)) from None
@@ -154,6 +161,12 @@ def add_bench_serve_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--block-size", type=positive_int, default=7, help="most drafts per request per step (γ)")
     p.add_argument("--max-seq-len", type=positive_int, default=512, help="tokens per KV slot")
+    p.add_argument(
+        "--no-cost-aware",
+        action="store_true",
+        help="prefix policies: draft whenever the early exit allows, even where drafting costs more "
+        "time than its expected accepted tokens save",
+    )
     p.add_argument("--out", default="runs/bench_serve", help="folder for results.json and the plot")
 
 
@@ -209,6 +222,7 @@ def main_bench_serve(args: argparse.Namespace) -> int:
         block_size=args.block_size,
         max_seq_len=args.max_seq_len,
         sps=sps,
+        cost_aware=not args.no_cost_aware,
         progress=show,
     )
     out = Path(args.out)

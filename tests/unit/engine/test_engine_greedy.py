@@ -68,7 +68,8 @@ def test_greedy_equals_plain_greedy(target, sps, cases, policy, batch, num_reque
         engine = Engine(
             target,
             NoisyOracleDrafter(refs, VOCAB),
-            EngineConfig(policy=policy, max_batch=batch, block_size=7),
+            # cost-aware drafting off: this test needs drafts verified at every batch size
+            EngineConfig(policy=policy, max_batch=batch, block_size=7, cost_aware=False),
             sps=sps,
         )
         params = [SamplingParams(temperature=0.0, max_tokens=m) for m in max_tokens]
@@ -85,6 +86,27 @@ def test_greedy_equals_plain_greedy(target, sps, cases, policy, batch, num_reque
         assert {res.finish_reason for res in results} == {"stop", "length"}
     if batch > 1:
         assert engine.stats.max_forward_tokens > batch, "steps should verify several requests' drafts at once"
+
+
+@pytest.mark.parametrize("policy", ["prefix", "prefix-async"])
+def test_cost_aware_drafting_is_lossless_and_skips_drafts_that_do_not_pay(target, sps, cases, policy):
+    """On the fixture's steep curve a verified token at batch 32 costs more than it returns:
+    cost-aware drafting stops most drafting there (it still probes), and greedy output is unchanged."""
+    prompts, refs, max_tokens = cases
+    runs = {}
+    for cost_aware in (False, True):
+        engine = Engine(
+            target,
+            NoisyOracleDrafter(refs, VOCAB),
+            EngineConfig(policy=policy, max_batch=32, block_size=7, cost_aware=cost_aware),
+            sps=sps,
+        )
+        params = [SamplingParams(temperature=0.0, max_tokens=m) for m in max_tokens]
+        results = run_engine(engine, prompts, params, join_after=0)
+        for prompt, m, result in zip(prompts, max_tokens, results):
+            assert result.token_ids == expected(refs[tuple(prompt)], m, None)
+        runs[cost_aware] = engine.stats.drafted
+    assert runs[True] < 0.75 * runs[False], runs
 
 
 @pytest.mark.parametrize("drafter_name", ["none", "ngram"])

@@ -120,7 +120,7 @@ def test_anticipating_scheduler_is_caught(target, appendix_a_setup, monkeypatch)
     engine = Engine(
         target,
         TargetDrafter(target, favoured),
-        EngineConfig(policy="prefix", max_batch=1),
+        EngineConfig(policy="prefix", max_batch=1, cost_aware=False),  # every round drafts
         sps=APPENDIX_A_SPS,
     )
     tokens = first_tokens(engine, prompt, 160, params)
