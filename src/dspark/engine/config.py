@@ -24,6 +24,7 @@ class EngineConfig:
     early_exit: float = 0.1  # skip drafting while P(first draft accepted) is predicted below this
     probe_every: int = 8  # ... but draft at least every this many rounds to refresh the prediction
     cost_aware: bool = True  # SPS policies: skip drafting that would cost more time than it saves
+    probe_unprofitable: int = 32  # ... and then probe only every this many rounds
     sps_path: Path | None = None  # SPS profile to load or create; None = the per-target cache file
 
     def __post_init__(self) -> None:

@@ -267,7 +267,12 @@ class Engine:
             for r, worth in zip(decoding, pays)
             if self.drafter is not None
             and r.draft_budget > 0
-            and r.predictor.should_draft(self.config.early_exit, self.config.probe_every, pays=worth)
+            and r.predictor.should_draft(
+                self.config.early_exit,
+                self.config.probe_every,
+                pays=worth,
+                probe_unprofitable=self.config.probe_unprofitable,
+            )
         ]
         if not chosen or K == 0:
             return DraftBlock.empty(0, self.target.vocab_size), {}

@@ -116,10 +116,22 @@ class FirstAcceptPredictor:
     def observe(self, first_accepted: bool) -> None:
         self.estimate += self.weight * (float(first_accepted) - self.estimate)
 
-    def should_draft(self, threshold: float, probe_every: int, *, pays: bool = True) -> bool:
-        """Draft unless the estimate is below ``threshold`` (or drafting does not ``pays``);
-        still probe every ``probe_every`` rounds."""
-        if (pays and self.estimate >= threshold) or self.skipped + 1 >= probe_every:
+    def should_draft(
+        self, threshold: float, probe_every: int, *, pays: bool = True, probe_unprofitable: int = 0
+    ) -> bool:
+        """Draft unless the estimate is below ``threshold``; still probe every ``probe_every`` rounds.
+
+        When drafting does not ``pay`` (cost-aware drafting), probe only every
+        ``probe_unprofitable`` rounds (0: as often as ``probe_every``).
+        """
+        if not pays:
+            every = max(probe_every, probe_unprofitable)
+            if self.skipped + 1 >= every:
+                self.skipped = 0
+                return True
+            self.skipped += 1
+            return False
+        if self.estimate >= threshold or self.skipped + 1 >= probe_every:
             self.skipped = 0
             return True
         self.skipped += 1

@@ -41,3 +41,15 @@ def test_marginal_token_time_from_the_sps_table():
     assert abs(marginal_token_s(table, 8, 8) - 0.001) < 1e-9
     flat = SpsTable(tokens=sizes, steps_per_s=[100.0] * len(sizes))
     assert marginal_token_s(flat, 4, 4) == 0.0
+
+
+def test_unprofitable_requests_are_probed_less_often():
+    from dspark.scheduler import FirstAcceptPredictor
+
+    good = FirstAcceptPredictor(estimate=0.9)
+    assert [good.should_draft(0.1, 8, pays=False, probe_unprofitable=32) for _ in range(64)].count(True) == 2
+    # profitable again: drafts every round (the early-exit threshold is met)
+    assert all(good.should_draft(0.1, 8, pays=True, probe_unprofitable=32) for _ in range(5))
+    # without a longer interval, unprofitable requests are probed every probe_every rounds
+    other = FirstAcceptPredictor(estimate=0.9)
+    assert [other.should_draft(0.1, 8, pays=False) for _ in range(64)].count(True) == 8
