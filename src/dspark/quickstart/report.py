@@ -138,7 +138,7 @@ def write_report(
     best = max(trained_means, key=lambda m: trained_means[m]["tau"] or 0.0) if trained_means else None
     smoke = " (`--fast`: a smoke run whose budgets are far too small for meaningful acceptance)"
     smoke = smoke if plan.train_steps < 20 else ""
-    train_header = ["drafter", "trainable", "steps", "sequences", "wall time", "final loss", "expected τ"]
+    train_header = ["drafter", "trainable", "steps", "samples", "wall time", "final loss", "expected τ"]
     text = f"""# dspark quickstart report
 
 Generated {datetime.datetime.now().strftime("%Y-%m-%d %H:%M")} on the embedded tiny target (10.5M-parameter
