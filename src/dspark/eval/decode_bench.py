@@ -138,12 +138,11 @@ def bench_decode(
             started = time.perf_counter()
             if name == HF_METHOD or name in hf_assist:
                 out, rounds, accepted = _hf_generate(target, ids, max_tokens, **hf_assist.get(name, {})), 0, 0
-            elif name in engines:
-                result = engines[name].generate([ids], params)[0]
-                out = result.token_ids
-                rounds, accepted = len(result.rounds), sum(r.accepted for r in result.rounds)
             else:
-                result = speculative_generate(target, drafters[name], ids, params, block_size=block_size)
+                if name in engines:
+                    result = engines[name].generate([ids], params)[0]
+                else:
+                    result = speculative_generate(target, drafters[name], ids, params, block_size=block_size)
                 out = result.token_ids
                 rounds, accepted = len(result.rounds), sum(r.accepted for r in result.rounds)
             s = stats[name]

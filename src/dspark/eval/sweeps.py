@@ -24,8 +24,7 @@ from typing import Any
 
 import torch
 
-from dspark.drafters.folder import drafter_config_json, load_drafter, publish_checkpoint
-from dspark.drafters.kinds import KINDS, kind_of_config
+from dspark.drafters.folder import load_drafter
 from dspark.eval import plots
 from dspark.eval.benchmarks import Benchmark
 from dspark.eval.report import md_table, write_eval_report, write_json
@@ -33,7 +32,8 @@ from dspark.eval.runner import EvalConfig, EvalResult, run_eval
 from dspark.presets import drafters as presets
 from dspark.targets import TargetAdapter
 from dspark.training.data import TrainDataset
-from dspark.training.trainer import TrainConfig, train
+from dspark.training.fresh import train_new_drafter
+from dspark.training.trainer import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -141,12 +141,8 @@ def train_variant(
         save_every=0,
         progress=training.progress,
     )
-    torch.manual_seed(training.seed)
-    kind = kind_of_config(variant.config)
-    drafter = KINDS[kind.name].drafter_cls.from_target(target, variant.config)
-    result = train(cfg, target, drafter, dataset, model_config=lambda d: drafter_config_json(d, target))
-    folder = publish_checkpoint(result.checkpoint, run / "drafter")
-    return load_drafter(folder, target)
+    train_new_drafter(cfg, target, variant.config, dataset, run / "drafter")
+    return load_drafter(run / "drafter", target)
 
 
 def run_sweep(

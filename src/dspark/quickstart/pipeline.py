@@ -23,8 +23,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from dspark.drafters.folder import file_sha256
 from dspark.drafters.registry import shipped_drafter_dir
 from dspark.errors import DsparkError
@@ -147,16 +145,13 @@ class Quickstart:
         def run() -> dict[str, Any]:
             import dataclasses
 
-            from dspark.drafters.folder import drafter_config_json, publish_checkpoint
-            from dspark.drafters.kinds import KINDS
             from dspark.presets import drafters as presets
             from dspark.training.data import read_jsonl, tokenize_records
-            from dspark.training.trainer import TrainConfig, train
+            from dspark.training.fresh import train_new_drafter
+            from dspark.training.trainer import TrainConfig
 
             config = dataclasses.replace(getattr(presets, f"{method}_tiny")(), block_size=p.block_size)
             self.target.target_layer_ids = self.default_layers
-            torch.manual_seed(p.seed)
-            drafter = KINDS[method].drafter_cls.from_target(self.target, config)
             samples = tokenize_records(
                 read_jsonl(self.out / data["answers"]), self.target.tokenizer, max_length=p.max_length
             )
@@ -173,11 +168,7 @@ class Quickstart:
                 log_every=max(1, p.train_steps // 10),
                 progress=self.progress,
             )
-            result = train(
-                cfg, self.target, drafter, samples, model_config=lambda d: drafter_config_json(d, self.target)
-            )
-            folder.parent.mkdir(parents=True, exist_ok=True)
-            publish_checkpoint(result.checkpoint, folder)
+            drafter, result = train_new_drafter(cfg, self.target, config, samples, folder)
             metrics = {
                 k: round(v, 4) for k, v in last_metrics(run_dir).items() if not k.startswith("acceptance/")
             }
@@ -312,22 +303,11 @@ class Quickstart:
 
         def run() -> dict[str, Any]:
             from dspark.drafters.folder import load_drafter
-            from dspark.engine.profile import load_or_profile
             from dspark.server.bench import bench_serve, plot_load
-            from dspark.targets.paged import KVStore
 
             drafter = load_drafter(self.out / dspark["drafter"], self.target)
             sets = [[pr.turns[0] for pr in b.prompts] for b in self._builtin(skip=0, count=40)]
             prompts = [x for group in zip(*sets) for x in group]  # math, code, chat, math, ...
-            max_seq_len = 512
-            sps = None
-            if any(x.startswith("prefix") for x in p.serve_policies):
-                store = KVStore.for_target(
-                    self.target, num_slots=max(p.serve_concurrency), capacity=max_seq_len
-                )
-                sps = load_or_profile(
-                    self.target, store, block_size=p.block_size, path=self.out / "serve" / "sps.json"
-                )
             points = bench_serve(
                 self.target,
                 drafter,
@@ -337,8 +317,8 @@ class Quickstart:
                 max_tokens=p.serve_max_tokens,
                 requests_per_client=3,
                 block_size=p.block_size,
-                max_seq_len=max_seq_len,
-                sps=sps,
+                max_seq_len=512,
+                sps_path=self.out / "serve" / "sps.json",
             )
             (self.out / "serve").mkdir(parents=True, exist_ok=True)
             plot_load(points, self.out / "serve" / "throughput_vs_per_user.png")

@@ -124,14 +124,8 @@ class FirstAcceptPredictor:
         When drafting does not ``pay`` (cost-aware drafting), probe only every
         ``probe_unprofitable`` rounds (0: as often as ``probe_every``).
         """
-        if not pays:
-            every = max(probe_every, probe_unprofitable)
-            if self.skipped + 1 >= every:
-                self.skipped = 0
-                return True
-            self.skipped += 1
-            return False
-        if self.estimate >= threshold or self.skipped + 1 >= probe_every:
+        every = probe_every if pays else max(probe_every, probe_unprofitable)
+        if (pays and self.estimate >= threshold) or self.skipped + 1 >= every:
             self.skipped = 0
             return True
         self.skipped += 1

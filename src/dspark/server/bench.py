@@ -29,10 +29,12 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from dspark.engine import Engine, EngineConfig
+from dspark.engine.profile import load_or_profile
 from dspark.engine.worker import EngineWorker
 from dspark.scheduler import SpsTable
 from dspark.server.app import create_app
 from dspark.server.uvicorn_runner import serve_in_thread
+from dspark.targets.paged import KVStore
 
 PLAIN = "none"
 
@@ -104,6 +106,7 @@ def bench_serve(
     block_size: int = 7,
     max_seq_len: int = 512,
     sps: SpsTable | None = None,
+    sps_path: Path | None = None,
     cost_aware: bool = True,
     progress: Callable[[LoadPoint], None] | None = None,
 ) -> list[LoadPoint]:
@@ -114,6 +117,11 @@ def bench_serve(
     starts from the same prompts. The engine has ``max(concurrencies)`` KV slots, so no
     request ever waits for one.
     """
+    if sps is None and drafter is not None and any(p.startswith("prefix") for p in policies):
+        # One profile for every engine (loaded from sps_path or the per-target cache when there).
+        capacity = min(max_seq_len, target.max_context)
+        store = KVStore.for_target(target, num_slots=max(concurrencies), capacity=capacity)
+        sps = load_or_profile(target, store, block_size=block_size, path=sps_path)
     points = []
     for policy in policies:
         config = EngineConfig(

@@ -178,11 +178,9 @@ def main_bench_serve(args: argparse.Namespace) -> int:
 
     from dspark.data.prompts import load_prompts
     from dspark.drafters.registry import build_drafter
-    from dspark.engine.profile import load_or_profile
     from dspark.presets.tiny import resolve_target
     from dspark.server.bench import bench_serve, plot_load
     from dspark.targets import TargetAdapter
-    from dspark.targets.paged import KVStore
 
     try:
         concurrencies = sorted({int(c) for c in args.concurrency.split(",")})
@@ -196,11 +194,6 @@ def main_bench_serve(args: argparse.Namespace) -> int:
     prompts = [p for group in itertools.zip_longest(*sets) for p in group if p is not None]
     target = TargetAdapter.from_pretrained(resolve_target(args.target))
     drafter = build_drafter(args.drafter, target)
-    sps = None
-    if any(p.startswith("prefix") for p in policies):  # one profile for every engine (cached on disk)
-        capacity = min(args.max_seq_len, target.max_context)
-        store = KVStore.for_target(target, num_slots=max(concurrencies), capacity=capacity)
-        sps = load_or_profile(target, store, block_size=args.block_size)
 
     def show(p) -> None:
         print(
@@ -221,7 +214,6 @@ def main_bench_serve(args: argparse.Namespace) -> int:
         min_requests=args.min_requests,
         block_size=args.block_size,
         max_seq_len=args.max_seq_len,
-        sps=sps,
         cost_aware=not args.no_cost_aware,
         progress=show,
     )

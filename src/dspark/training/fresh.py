@@ -1,0 +1,32 @@
+"""Train a new drafter from its config and publish it as a drafter folder (one process).
+
+The shared path of the sweeps and the quickstart: build the drafter for the target with
+a seeded initialisation, train it (resuming from ``cfg.output_dir`` when a run is there),
+and publish the last checkpoint's two files as an HF drafter folder (SPEC §5.4).
+``dspark train`` does the same under ``torch.distributed``, publishing on rank 0 only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from dspark.drafters.folder import drafter_config_json, publish_checkpoint
+from dspark.drafters.kinds import kind_of_config
+from dspark.training.data import TrainDataset, TrainSample
+from dspark.training.trainer import TrainConfig, TrainResult, train
+
+
+def train_new_drafter(
+    cfg: TrainConfig, target, config, dataset: TrainDataset | Sequence[TrainSample], folder: Path
+) -> tuple[nn.Module, TrainResult]:
+    """The trained drafter module and the run's result; its folder is at ``folder``."""
+    torch.manual_seed(cfg.seed)
+    drafter = kind_of_config(config).drafter_cls.from_target(target, config)
+    result = train(cfg, target, drafter, dataset, model_config=lambda d: drafter_config_json(d, target))
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    publish_checkpoint(result.checkpoint, folder)
+    return drafter, result
