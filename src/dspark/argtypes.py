@@ -37,3 +37,25 @@ def json_object(text: str) -> dict:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
     return value
+
+
+_COUNT_SUFFIXES = {"K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
+
+
+def count(text: str) -> int:
+    """A positive whole count, written plainly or short: ``1000000``, ``1e9``, ``1.25B``, ``500M``, ``2k``.
+
+    K = 10³, M = 10⁶, B or G = 10⁹, T = 10¹² (decimal); underscores and commas are ignored.
+    """
+    cleaned = text.strip().replace("_", "").replace(",", "")
+    scale = _COUNT_SUFFIXES.get(cleaned[-1:].upper(), 1)
+    number = cleaned[:-1] if scale != 1 else cleaned
+    try:
+        value = float(number) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a count like 1000000, 1e9 or 1.25B, got {text!r}"
+        ) from None
+    if not (value >= 1 and value < 1e18) or value != int(value):
+        raise argparse.ArgumentTypeError(f"expected a positive whole count, got {text!r}")
+    return int(value)

@@ -169,7 +169,7 @@ def _add_build_tiny(p: argparse.ArgumentParser) -> None:
 
 
 def main_build_tiny_target(args: argparse.Namespace) -> int:
-    """Rebuild the embedded tiny target: offline corpus, BPE tokenizer, Qwen3 training (SPEC §11)."""
+    """Rebuild the embedded tiny target: offline corpus, BPE tokenizer, Qwen3 training (DESIGN §11)."""
     import dataclasses
 
     import torch
@@ -199,7 +199,8 @@ def _add_bench_decode(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--bench",
         default="code",
-        help="comma-separated prompt sets: built-in names (math, code, chat) or JSONL paths",
+        help="comma-separated prompt sets: built-in names (math, code, chat), shipped benchmark subsets "
+        "(gsm8k, humaneval, mt-bench: 20 prompts each) or JSONL paths",
     )
     p.add_argument("--limit", type=_positive_int, default=20, help="prompts per set")
     p.add_argument("--drafters", default="none,ngram", help="comma-separated drafters to compare")
@@ -228,13 +229,17 @@ def _add_bench_decode(p: argparse.ArgumentParser) -> None:
 
 def main_bench_decode(args: argparse.Namespace) -> int:
     """Batch-1 greedy tokens/s of HF generate vs our loop with each drafter, as ratios from one run."""
+    from dspark import conditions as run_conditions
     from dspark.data.prompts import load_prompts
     from dspark.drafters.registry import build_drafter
     from dspark.eval.decode_bench import batch1_engine, bench_decode, verify_cost_ratio
     from dspark.presets.tiny import resolve_target
     from dspark.targets import TargetAdapter
 
+    # Every prompt set is read (and a bad one refused) before anything is decoded.
+    prompt_sets = {bench: load_prompts(bench, args.limit) for bench in args.bench.split(",")}
     target = TargetAdapter.from_pretrained(resolve_target(args.target))
+    conditions = run_conditions.for_target(target)
     drafters = {name: build_drafter(name, target) for name in args.drafters.split(",")}
     policies = [p.strip() for p in args.engine_policies.split(",") if p.strip()]
     engines = {
@@ -247,8 +252,7 @@ def main_bench_decode(args: argparse.Namespace) -> int:
     if args.hf_assistant:
         assistant = TargetAdapter.from_pretrained(args.hf_assistant, dtype=target.dtype).model
     out = []
-    for bench in args.bench.split(","):
-        prompts = load_prompts(bench, args.limit)
+    for bench, prompts in prompt_sets.items():
         result = bench_decode(
             target,
             prompts,
@@ -262,8 +266,13 @@ def main_bench_decode(args: argparse.Namespace) -> int:
         )
         out += [{"bench": bench, **row} for row in result.rows()]
     ratio = verify_cost_ratio(target, k=8)
+    conditions = conditions.ended()
     if args.json:
-        print(json.dumps({"rows": out, "verify8_over_decode1": ratio}, indent=2))
+        print(
+            json.dumps(
+                {"rows": out, "verify8_over_decode1": ratio, "conditions": conditions.as_dict()}, indent=2
+            )
+        )
     else:
         print(f"{'bench':<24}{'method':<18}{'tok/s':>9}{'tau':>7}{'speedup':>9}  identical")
         for r in out:
@@ -272,6 +281,9 @@ def main_bench_decode(args: argparse.Namespace) -> int:
                 f"{r['speedup']:>9.3f}  {r['identical_to_baseline']}"
             )
         print(f"verify 8 tokens / decode 1 token: {ratio:.2f}x")
+        print(f"run conditions: {conditions.describe()}")
+    if conditions.warning():
+        print(f"warning: {conditions.warning()}", file=sys.stderr)
     return 0
 
 
@@ -310,6 +322,7 @@ def _add_bench_overhead(p: argparse.ArgumentParser) -> None:
 
 def main_bench_overhead(args: argparse.Namespace) -> int:
     """Cost of DSpark's sequential (Markov/RNN) sampling loop as a share of a round (goal ≤ 1.3%)."""
+    from dspark import conditions as run_conditions
     from dspark.data.prompts import load_prompts
     from dspark.drafters.registry import build_drafter
     from dspark.eval.decode_bench import chat_prompt_ids
@@ -322,6 +335,7 @@ def main_bench_overhead(args: argparse.Namespace) -> int:
     if getattr(drafter, "markov_head", None) is None:
         raise DsparkError(f"{args.drafter!r} has no sequential head to measure")
     prompts = [chat_prompt_ids(target, p) for d in ("math", "code", "chat") for p in load_prompts(d, 22)]
+    conditions = run_conditions.for_target(target)
     print(
         f"{'R':>4}{'backbone ms':>13}{'parallel ms':>13}{'sequential ms':>15}"
         f"{'verify ms':>11}{'overhead':>10}"
@@ -332,6 +346,10 @@ def main_bench_overhead(args: argparse.Namespace) -> int:
             f"{R:>4}{t.backbone_s * 1e3:>13.2f}{t.parallel_sampling_s * 1e3:>13.2f}"
             f"{t.sequential_sampling_s * 1e3:>15.2f}{t.verify_s * 1e3:>11.2f}{t.overhead:>10.2%}"
         )
+    conditions = conditions.ended()
+    print(f"run conditions: {conditions.describe()}")
+    if conditions.warning():
+        print(f"warning: {conditions.warning()}", file=sys.stderr)
     return 0
 
 
@@ -370,7 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=None,
         dest="torch_threads",
-        help="torch CPU threads (default: torch's choice; 1 is best on a busy 2-core machine)",
+        help="torch CPU threads (default: OMP_NUM_THREADS if set, else the free cores: the cores "
+        "minus the 1-minute load average, at least 1; see README 'Threads')",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     groups: dict[str, argparse._SubParsersAction] = {}
@@ -395,10 +414,9 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if args.torch_threads:
-        import torch
+    from dspark.threads import apply_threads
 
-        torch.set_num_threads(args.torch_threads)
+    apply_threads(args.torch_threads)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # no "Loading weights" bar on every command
@@ -408,4 +426,6 @@ def main(argv: list[str] | None = None) -> int:
         # User mistakes: one line, no traceback (a library bug is not caught here).
         parser.exit(2, f"dspark: error: {e}\n")
     except KeyboardInterrupt:
+        # What was saved and how to resume was logged by the interrupted work itself.
+        print("dspark: interrupted", file=sys.stderr)
         return 130

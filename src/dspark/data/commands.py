@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from dspark.argtypes import json_object
+from dspark.argtypes import count, json_object
 from dspark.argtypes import non_negative_float as _non_negative_float
 from dspark.argtypes import positive_int as _positive_int
 from dspark.errors import DsparkError
@@ -370,7 +370,9 @@ def add_estimate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--feature-layers", type=int, default=None, help="m, the number of feature layers")
     p.add_argument("--target", default=None, help="model folder whose config.json gives H (and m)")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp8", "fp32"], default="bf16", help="stored dtype")
-    p.add_argument("--tokens", type=int, default=None, help="number of training tokens")
+    p.add_argument(
+        "--tokens", type=count, default=None, help="number of training tokens: 1000000, 1e9, 1.25B, 500M"
+    )
     p.add_argument(
         "--data",
         type=Path,

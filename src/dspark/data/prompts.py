@@ -2,7 +2,8 @@
 
 A set is named by a *spec*:
 
-- a built-in set name (``math``, ``code``, ``chat``; SPEC §11),
+- a built-in set name (``math``, ``code``, ``chat``; DESIGN §11), or the name of a
+  shipped benchmark subset (``gsm8k``, ``humaneval``, ``mt-bench``: their first 20 prompts),
 - a JSONL path: one record per line, ``{"turns": ["...", ...]}`` (as in
   ``../shared/benchmarks``) or ``{"conversations": [{"role": ..., "content": ...}, ...]}``
   (ShareGPT's ``{"from", "value"}`` too); only the user turns and the system message are
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark.errors import DsparkError
-from dspark.presets.tiny import PROMPT_DOMAINS, builtin_prompts
+from dspark.presets.tiny import PROMPT_DOMAINS, SHIPPED_BENCHMARKS, builtin_prompts, shipped_benchmark
 
 log = logging.getLogger(__name__)
 
@@ -164,13 +165,16 @@ def load_prompts(spec: str, limit: int | None = None, *, on_bad_line: str = "sto
     if spec in PROMPT_DOMAINS:
         records = builtin_prompts(spec)
         prompts = [_from_record(r, f"builtin:{spec}:{i}", spec) for i, r in enumerate(records)]
+    elif spec in SHIPPED_BENCHMARKS:
+        prompts = _load_jsonl(shipped_benchmark(spec), on_bad_line)
     elif spec.startswith(HF_PREFIX):
         prompts = _load_hf(spec)
     else:
         path = Path(spec)
         if not path.is_file():
             raise DsparkError(
-                f"no prompt set {spec!r}: not a built-in set ({', '.join(PROMPT_DOMAINS)}), "
+                f"no prompt set {spec!r}: not a built-in set "
+                f"({', '.join(PROMPT_DOMAINS + SHIPPED_BENCHMARKS)}), "
                 f"a file, nor {HF_PREFIX}NAME[:SPLIT]"
             )
         prompts = _load_jsonl(path, on_bad_line)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import sys
 from pathlib import Path
 
 import torch
@@ -194,6 +195,8 @@ def main_eval(args: argparse.Namespace) -> int:
     for r in result.rows:
         speedup = f"{r.speedup:.2f}x" if r.speedup is not None else "-"
         print(f"{r.drafter[:15]:<16}{r.benchmark[:19]:<20}{r.tau:>7.2f}{r.tokens_per_s:>9.1f}{speedup:>9}")
+    if result.conditions is not None and result.conditions.warning():
+        print(f"warning: {result.conditions.warning()}", file=sys.stderr)
     print(f"report: {report}")
     return 0
 

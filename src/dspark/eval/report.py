@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dspark.conditions import markdown as conditions_markdown
 from dspark.eval import plots
 from dspark.eval.metrics import mean_defined
 from dspark.eval.runner import PLAIN, EvalResult, EvalRow
@@ -58,6 +59,7 @@ def result_json(result: EvalResult, meta: Mapping[str, Any] | None = None) -> di
         {
             **(meta or {}),
             "config": config,
+            "conditions": result.conditions.as_dict() if result.conditions else None,
             "rows": [dataclasses.asdict(r) for r in result.rows],
             "domains": [dataclasses.asdict(d) for d in result.domains],
             "thresholds": [
@@ -240,6 +242,7 @@ def write_eval_report(result: EvalResult, out: Path, meta: Mapping[str, Any] | N
         "## Acceptance length τ (paper Table 1)",
         tau_table(result) if drafted else "(no drafters)",
         "## Speed",
+        conditions_markdown(result.conditions),
         speed_table(result),
         "## Conditional acceptance per position (macro-averaged per domain)",
         position_table(result, "conditional_acceptance") if drafted else "",

@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
+from dspark import conditions as run_conditions
 from dspark.calibration.collect import ConfidenceRounds
 from dspark.calibration.threshold import ThresholdSweep, threshold_sweep
+from dspark.conditions import RunConditions
 from dspark.data.prompts import Prompt
 from dspark.errors import DsparkError
 from dspark.eval.benchmarks import Benchmark
@@ -109,6 +111,7 @@ class EvalResult:
     thresholds: list[ThresholdRow]
     # (drafter, benchmark) -> rounds with confidences, for drafters that report them.
     confidence_rounds: dict[tuple[str, str], ConfidenceRounds] = field(default_factory=dict)
+    conditions: RunConditions | None = None  # threads, dtype, load while the speeds were measured
 
     def row(self, drafter: str, benchmark: str) -> EvalRow:
         return next(r for r in self.rows if r.drafter == drafter and r.benchmark == benchmark)
@@ -287,6 +290,7 @@ def run_eval(
     methods: dict[str, Drafter | None] = dict(drafters)
     if config.baseline and PLAIN not in methods:
         methods = {PLAIN: None, **methods}
+    conditions = run_conditions.for_target(target)
     # One short untimed answer per method first: lazy initialisation must not bill the first one.
     warmup = benchmarks[0].prompts[0]
     for drafter in methods.values():
@@ -320,4 +324,5 @@ def run_eval(
         domains=domain_rows(rows),
         thresholds=_threshold_rows(confidence, benchmarks),
         confidence_rounds=confidence,
+        conditions=conditions.ended(),
     )

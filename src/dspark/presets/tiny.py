@@ -10,6 +10,9 @@ from dspark.errors import DsparkError
 
 TINY_TARGET_NAME = "tiny"
 PROMPT_DOMAINS = ("math", "code", "chat")
+# The first 20 prompts of three public benchmarks, shipped so that `--bench gsm8k` works
+# in a fresh clone (assets/benchmarks/NOTICE.md names their sources and licences).
+SHIPPED_BENCHMARKS = ("gsm8k", "humaneval", "mt-bench")
 
 
 def assets_dir() -> Path:
@@ -40,3 +43,10 @@ def builtin_prompts(domain: str) -> list[dict]:
     path = assets_dir() / "prompts" / f"{domain}.jsonl"
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def shipped_benchmark(name: str) -> Path:
+    """The JSONL file of a shipped benchmark subset (:data:`SHIPPED_BENCHMARKS`)."""
+    if name not in SHIPPED_BENCHMARKS:
+        raise DsparkError(f"no shipped benchmark {name!r}; choose from {', '.join(SHIPPED_BENCHMARKS)}")
+    return assets_dir() / "benchmarks" / f"{name}.jsonl"

@@ -31,7 +31,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--scheduler",
         default="prefix",
-        help="verification policy: fixed | fixed:k | threshold:t | prefix | prefix-async (SPEC §9)",
+        help="verification policy: fixed | fixed:k | threshold:t | prefix | prefix-async (DESIGN §9)",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for every interface)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (0 = any free port)")
@@ -176,6 +176,7 @@ def main_bench_serve(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
+    from dspark import conditions as run_conditions
     from dspark.data.prompts import load_prompts
     from dspark.drafters.registry import build_drafter
     from dspark.presets.tiny import resolve_target
@@ -194,6 +195,7 @@ def main_bench_serve(args: argparse.Namespace) -> int:
     prompts = [p for group in itertools.zip_longest(*sets) for p in group if p is not None]
     target = TargetAdapter.from_pretrained(resolve_target(args.target))
     drafter = build_drafter(args.drafter, target)
+    conditions = run_conditions.for_target(target)
 
     def show(p) -> None:
         print(
@@ -220,7 +222,14 @@ def main_bench_serve(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     settings = {k: v for k, v in vars(args).items() if not k.startswith("_")}
-    results = {"settings": settings, "points": [p.as_dict() for p in points]}
+    conditions = conditions.ended()
+    if conditions.warning():
+        print(f"warning: {conditions.warning()}", file=sys.stderr)
+    results = {
+        "settings": settings,
+        "conditions": conditions.as_dict(),
+        "points": [p.as_dict() for p in points],
+    }
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
     plot = plot_load(points, out / "throughput_vs_per_user.png")
     print(json.dumps({"results": str(out / "results.json"), "plot": str(plot)}))

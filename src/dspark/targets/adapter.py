@@ -151,6 +151,10 @@ class TargetAdapter:
         except (OSError, ValueError) as e:  # HF raises these for missing / invalid repos and files
             where = "local folder" if local.exists() else "hub model (or its cache, when offline)"
             raise TargetLoadError(f"cannot load target {source!r} as a {where}: {e}") from e
+        # Prompt length is checked against the engine's context with a one-line error of our
+        # own; the tokenizer's "sequence length is longer than ..." warning would precede it.
+        warned = getattr(tokenizer, "deprecation_warnings", {})
+        warned["sequence-length-is-longer-than-the-specified-maximum"] = True
         return cls(model.to(device), tokenizer, target_layer_ids=target_layer_ids)
 
     # -- properties -------------------------------------------------------------------

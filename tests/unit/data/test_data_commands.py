@@ -56,6 +56,20 @@ def test_estimate_prints_bytes_per_token_and_total(capsys, target_dir):
     }
 
 
+def test_estimate_accepts_the_readme_token_counts(capsys):
+    """README: ``dspark data estimate --hidden-size 4096 --feature-layers 5 --dtype bf16 --tokens 1e9``."""
+    for written, tokens in (("1e9", 10**9), ("1.25B", 1_250_000_000), ("500M", 500_000_000)):
+        code, out, _ = _run(
+            capsys, "data", "estimate", "--hidden-size", "4096", "--feature-layers", "5", "--tokens", written,
+            "--json",
+        )  # fmt: skip
+        assert code == 0
+        assert json.loads(out)["tokens"] == tokens
+        assert json.loads(out)["total_bytes"] == tokens * (6 * 4096 * 2 + 5)
+    code, _, err = _run(capsys, "data", "estimate", "--hidden-size", "8", "--feature-layers", "1", "--tokens", "1.5")
+    assert code == 2 and "expected a positive whole count" in err
+
+
 def test_estimate_errors_are_one_line(capsys):
     code, _, err = _run(capsys, "data", "estimate", "--tokens", "5")
     assert code == 2 and err.strip() == "dspark: error: give --hidden-size and --feature-layers, or --target"
