@@ -1,10 +1,12 @@
-"""``dspark calibrate``: fit STS temperatures on real rounds and write them into the drafter (SPEC §8).
+"""``dspark calibrate``: fit STS temperatures on real rounds and write them into the drafter (DESIGN §8).
 
 1. Decode a held-out prompt set with the drafter (the evaluation runner, no plain
    baseline) and keep every round's confidences and accepted count.
 2. Split the rounds by prompt: STS is fitted on one part, and ECE / AUC / Brier per
    position before and after are reported on the other (``--holdout-fraction``).
-3. Write the temperatures into the drafter folder's ``config.json``
+3. Keep only the temperatures that lower the held-out ECE of their position
+   (:func:`~dspark.calibration.sts.keep_improving`; the others stay 1) and, if any is
+   left, write them into the drafter folder's ``config.json``
    (``sts_temperatures``), composed with any it already had, so that every consumer
    of the drafter (the loop, the engine, the scheduler) sees calibrated confidences.
 4. Report: ``calibration.json``, ``reliability.png`` (paper Fig. 6), ``calibration.md``.
@@ -95,6 +97,19 @@ def _temps(temps: list[float] | None) -> str:
     return "none" if not temps else "[" + ", ".join(f"{t:.3f}" for t in temps) + "]"
 
 
+def _written(summary: dict) -> str:
+    """Where the temperatures went, or why they were not written."""
+    if not summary["improved"]:
+        return (
+            "**not written**: no fitted temperature lowered the held-out ECE of its position, "
+            "so the drafter keeps the confidences it had"
+        )
+    dropped = [str(k) for k, kept in enumerate(summary["kept"], start=1) if not kept]
+    note = f" (positions {', '.join(dropped)} keep T = 1: their fit did not lower held-out ECE)"
+    where = f"written to `{summary['written_to']}`" if summary["written_to"] else "not written (dry run)"
+    return where + (note if dropped else "")
+
+
 def _report_md(summary: dict, positions: list[int]) -> str:
     from dspark.eval.report import md_table
 
@@ -110,10 +125,21 @@ def _report_md(summary: dict, positions: list[int]) -> str:
                 _fmt(b["brier"]) + " → " + _fmt(a["brier"]),
                 _fmt(b["auc"]) + " → " + _fmt(a["auc"]),
                 _fmt(b["conditional_auc"]),
-                f"{summary['fitted_temperatures'][b['position'] - 1]:.3f}",
+                f"{summary['fitted_temperatures'][b['position'] - 1]:.3f}"
+                + ("" if summary["kept"][b["position"] - 1] else " (not kept)"),
             ]
         )
-    header = ["k", "rounds", "observed a_k", "mean a_k", "ECE", "Brier", "AUC (a_k)", "AUC (c_k)", "T_k"]
+    header = [
+        "k",
+        "rounds",
+        "observed a_k",
+        "mean a_k",
+        "ECE",
+        "Brier",
+        "AUC (a_k)",
+        "AUC (c_k)",
+        "fitted T_k",
+    ]
     return (
         "\n\n".join(
             [
@@ -121,7 +147,7 @@ def _report_md(summary: dict, positions: list[int]) -> str:
                 f"- drafter: `{summary['drafter']}`; {summary['fit_rounds']} rounds fitted, "
                 f"{summary['report_rounds']} reported ({summary['report_set']}), {summary['bins']} ECE bins",
                 f"- temperatures: {_temps(summary['temperatures'])} (previous: "
-                f"{_temps(summary['previous_temperatures'])}), written to `{summary['written_to']}`",
+                f"{_temps(summary['previous_temperatures'])}), " + _written(summary),
                 'Survival `a_k = Π_{i≤k} c_i` against "the first k drafts accepted", over rounds '
                 "that proposed ≥ k drafts; AUC (c_k) scores the conditional confidence where drafts "
                 "1..k−1 were accepted (temperature scaling preserves its order, so it does not move).",
@@ -150,7 +176,7 @@ def calibrate_drafter(
     """Steps 1–4 of the module docstring for the drafter in ``folder``; the summary (also in ``out``)."""
     from dspark.calibration.collect import ConfidenceRounds, split_by_group
     from dspark.calibration.metrics import position_calibration
-    from dspark.calibration.sts import apply_sts, compose_temperatures, fit_sts
+    from dspark.calibration.sts import apply_sts, compose_temperatures, fit_sts, keep_improving
     from dspark.drafters.folder import load_drafter
     from dspark.eval import plots
     from dspark.eval.report import write_json
@@ -174,10 +200,12 @@ def calibrate_drafter(
         raise DsparkError("no round proposed drafts; nothing to calibrate (more prompts or --max-tokens?)")
     fit, report = split_by_group(rounds, holdout_fraction, seed=seed)
     fitted = fit_sts(fit, bins=bins)
+    kept = keep_improving(report, fitted, bins=bins)  # a temperature that does not help is not written
     before = position_calibration(report, bins)
-    after = position_calibration(report.with_confidences(apply_sts(report.confidences, fitted)), bins)
+    after = position_calibration(report.with_confidences(apply_sts(report.confidences, kept)), bins)
     previous = getattr(drafter.config, "sts_temperatures", None)
-    temperatures = compose_temperatures(previous, fitted)
+    temperatures = compose_temperatures(previous, kept)
+    improved = any(t != 1.0 for t in kept)
 
     written = None
     if not dry_run:
@@ -186,10 +214,11 @@ def calibrate_drafter(
             if save_to.exists():
                 shutil.rmtree(save_to)
             shutil.copytree(folder, save_to)
-        write_temperatures(target_folder, temperatures)
-        reloaded = load_drafter(target_folder, target)  # the strict loader accepts what we wrote
-        assert tuple(reloaded.config.sts_temperatures) == temperatures
-        written = str(target_folder)
+        if improved:
+            write_temperatures(target_folder, temperatures)
+            reloaded = load_drafter(target_folder, target)  # the strict loader accepts what we wrote
+            assert tuple(reloaded.config.sts_temperatures) == temperatures
+            written = str(target_folder)
 
     shown = (
         [k for k in POSITIONS_SHOWN if k <= block_size] if block_size >= 7 else list(range(1, block_size + 1))
@@ -202,6 +231,8 @@ def calibrate_drafter(
         "written_to": written,
         "temperatures": list(temperatures),
         "fitted_temperatures": list(fitted),
+        "kept": [t != 1.0 for t in kept],
+        "improved": improved,
         "previous_temperatures": list(previous) if previous else None,
         "fit_rounds": fit.num_rounds,
         "report_rounds": report.num_rounds,

@@ -105,3 +105,31 @@ def fit_sts(
         temperatures.append(t_k)
         calibrated[:, k - 1] = sigmoid(logits[:, k - 1] / t_k)
     return tuple(temperatures)
+
+
+def keep_improving(
+    rounds: ConfidenceRounds, temperatures: Sequence[float], *, bins: int = DEFAULT_BINS
+) -> tuple[float, ...]:
+    """``temperatures`` with every one that does not lower its position's ECE on ``rounds`` set to 1.
+
+    Left to right like the fit: position k keeps ``T_k`` only if, with the temperatures
+    already kept for 1..k−1, the ECE of ``a_k`` on ``rounds`` (the held-out ones) is
+    strictly lower with ``T_k`` than without it. A temperature fitted on one part of the
+    rounds that makes the other part worse calibrated is noise, not a calibration, and
+    is not written into a drafter.
+    """
+    from dspark.calibration.metrics import ece
+
+    K = rounds.block_size
+    kept = [1.0] * K
+
+    def ece_at(k: int, temps: list[float]) -> float:
+        scaled = rounds.with_confidences(apply_sts(rounds.confidences, temps))
+        a_k, survived = scaled.survival_events(k)
+        return ece(a_k, survived, bins)
+
+    for k in range(1, K + 1):
+        candidate = kept[: k - 1] + [float(temperatures[k - 1])] + kept[k:]
+        if candidate[k - 1] != 1.0 and ece_at(k, candidate) < ece_at(k, kept) - 1e-12:
+            kept = candidate
+    return tuple(kept)

@@ -1,4 +1,4 @@
-"""``dspark data prompts|regenerate|cache|estimate``: argument parsers and entry points (SPEC §7).
+"""``dspark data prompts|regenerate|cache|estimate``: argument parsers and entry points (DESIGN §7).
 
 Each ``main_*`` docstring is its ``--help`` description; the logic lives in the modules
 of :mod:`dspark.data`.
@@ -42,7 +42,7 @@ def _add_template_kwargs(p: argparse.ArgumentParser) -> None:
         type=json_object,
         default="{}",
         help="JSON passed to the chat template, e.g. '{\"enable_thinking\": false}'; "
-        "use the same in regenerate, cache, train and eval (SPEC §7.4)",
+        "use the same in regenerate, cache, train and eval (DESIGN §7.4)",
     )
 
 

@@ -91,7 +91,7 @@ def chat_prompt_ids(tokenizer, messages: Messages, template_kwargs: Mapping[str,
     prompt the target answered is a prefix of the sample the drafter is trained on.
     """
     if not getattr(tokenizer, "chat_template", None):
-        raise DsparkError("the target's tokenizer has no chat template (SPEC §7.4 uses the target's own)")
+        raise DsparkError("the target's tokenizer has no chat template (DESIGN §7.4 uses the target's own)")
     text = tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=True, **dict(template_kwargs)
     )

@@ -1,4 +1,4 @@
-"""``dspark export``: write a drafter folder that vLLM, SGLang or HF code loads (SPEC §5.4)."""
+"""``dspark export``: write a drafter folder that vLLM, SGLang or HF code loads (DESIGN §5.4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``dspark profile``: measure SPS(B) of a target on this machine and save it (SPEC §9).
+"""``dspark profile``: measure SPS(B) of a target on this machine and save it (DESIGN §9).
 
 The engine loads the saved table at start (same target, dtype, device, threads and
 engine shape) instead of profiling again. Lives in ``engine`` rather than ``scheduler``

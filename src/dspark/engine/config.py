@@ -49,6 +49,10 @@ class EngineStats:
     forward_s: float = 0.0  # the target's verification/prefill forward
     forward_tokens: int = 0  # sum over steps of B, the tokens of the step's forward
     max_forward_tokens: int = 0
+    # cost-aware drafting (scheduler/drafting.py): decode rounds it judged, and those it found
+    # not worth drafting (they decode plainly, re-probing every probe_every rounds)
+    cost_checked: int = 0
+    cost_unprofitable: int = 0
 
     @property
     def overhead_share(self) -> float:

@@ -102,6 +102,7 @@ class Engine:
         self._next_id = 0
         self._step_index = 0  # never reset (stats may be), for prefix-async's stale confidences
         self._draft_s_per_request: float | None = None  # EMA of drafting seconds per drafted request
+        self._told_unprofitable = False  # logged once that cost-aware drafting stopped drafting
 
     # -- public API ---------------------------------------------------------------------
 
@@ -250,13 +251,32 @@ class Engine:
             return [True] * R
         K = max(self.config.block_size, 1)
         first = torch.tensor([r.predictor.estimate for r in decoding], dtype=torch.float64)
-        return drafting_pays(
+        pays = drafting_pays(
             first,
             self.estimator.position_rates()[1:K],
             draft_s=self._draft_s_per_request,
             token_s=marginal_token_s(self.sps, R, R),  # about one more verified token per request
             tokens_per_s=R * self.sps(R),
         ).tolist()
+        self._report_cost_decision(pays)
+        return pays
+
+    def _report_cost_decision(self, pays: list[bool]) -> None:
+        """Count the cost-aware decisions, and log when drafting first stops paying for everyone."""
+        unprofitable = pays.count(False)
+        self.stats.cost_checked += len(pays)
+        self.stats.cost_unprofitable += unprofitable
+        if unprofitable == len(pays) and not self._told_unprofitable:
+            self._told_unprofitable = True
+            logger.warning(
+                "cost-aware drafting: at %d running request(s), drafting (%.1f ms per request) is "
+                "predicted to cost more time than its accepted tokens save, so requests decode "
+                "plainly and re-probe the drafter every %d rounds (dspark_engine_cost_unprofitable "
+                "in /metrics counts these rounds; --no-cost-aware drafts always)",
+                len(pays),
+                1e3 * (self._draft_s_per_request or 0.0),
+                self.config.probe_unprofitable,
+            )
 
     def _draft(self, decoding: list[Request]) -> tuple[DraftBlock, dict[int, int]]:
         """Propose for the requests that draft this step; ``drafting`` maps request id -> block row."""

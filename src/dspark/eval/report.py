@@ -21,7 +21,7 @@ from dspark.eval.metrics import mean_defined
 from dspark.eval.runner import PLAIN, EvalResult, EvalRow
 
 DEFINITIONS = (
-    "Definitions (SPEC §2): τ = tokens per round including the target's recovered/bonus token; "
+    "Definitions (docs/DESIGN.md §2): τ = tokens per round including the target's recovered/bonus token; "
     "prefix survival at k = rounds with ≥k accepted / rounds that proposed ≥k; conditional "
     "acceptance at k = rounds with ≥k accepted / rounds with ≥k−1 accepted and ≥k proposed; "
     "verify rate = accepted drafts / verified drafts; speedup = tokens/s over plain decoding of "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -33,6 +34,7 @@ def main_quickstart(args: argparse.Namespace) -> int:
     server, and writes <out>/report.md with the tables and plots. No network, no GPU.
     """
     from dspark.quickstart import FAST, FULL, run_quickstart
+    from dspark.quickstart.report import headline_lines
 
     plan = FAST if args.fast else FULL
     out = args.out or Path("runs") / ("quickstart-fast" if args.fast else "quickstart")
@@ -42,5 +44,7 @@ def main_quickstart(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         announce=lambda line: print(line, file=sys.stderr, flush=True),
     )
+    for line in headline_lines(json.loads((report.parent / "summary.json").read_text())):
+        print(line)
     print(f"report: {report}")
     return 0

@@ -4,7 +4,7 @@ Layout of a run folder::
 
     data/answers.jsonl          the target's own answers to its training prompts
     train/<method>/             trainer output (checkpoints, metrics.jsonl)
-    drafters/<method>/          the trained drafters (HF folders, SPEC §5.4)
+    drafters/<method>/          the trained drafters (HF folders, DESIGN §5.4)
     drafters/dspark-sts/        DSpark with its fitted STS temperatures
     calibration/                calibration.json / .md, reliability.png
     eval/                       results.json, report.md, plots
@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dspark import conditions as run_conditions
 from dspark.drafters.folder import file_sha256
 from dspark.drafters.registry import shipped_drafter_dir
 from dspark.errors import DsparkError
@@ -236,6 +237,9 @@ class Quickstart:
                 "report_set",
                 "mean_ece_before",
                 "mean_ece_after",
+                "fitted_temperatures",
+                "kept",
+                "improved",
             )
             per_position = [
                 {"position": b["position"], "ece_before": b["ece"], "ece_after": a["ece"], "auc": b["auc"]}
@@ -340,6 +344,7 @@ def run_quickstart(
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     qs = Quickstart(plan, out, progress=progress, announce=announce)
+    conditions = run_conditions.for_target(qs.target)
     data = qs.regenerate()
     trained = {m: qs.train(m, data) for m in METHODS}
     calibration = qs.calibrate(trained["dspark"])
@@ -355,4 +360,5 @@ def run_quickstart(
         serving=serving,
         log=qs.stages.log,
         wall_seconds=time.perf_counter() - started,
+        conditions=conditions.ended(),
     )

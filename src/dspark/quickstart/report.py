@@ -8,6 +8,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from dspark.conditions import RunConditions, machine_busy
+from dspark.conditions import markdown as conditions_markdown
 from dspark.eval.report import md_table
 from dspark.quickstart.pipeline import REFERENCES
 from dspark.quickstart.plan import DOMAINS, METHODS, QuickstartPlan
@@ -94,6 +96,141 @@ def serving_speedups(points: list[dict[str, Any]]) -> dict[str, dict[int, float]
     return dict(out)
 
 
+def _loads(loads) -> str:
+    if not loads or loads[0] is None:
+        return "–"
+    start, end = loads
+    return f"{start:.2f} → {end:.2f}" if end is not None else f"{start:.2f}"
+
+
+def _stage_warning(log: StageLog, conditions: RunConditions | None) -> str:
+    """A warning when the stages ran under different loads (their speeds are then not comparable)."""
+    threads = conditions.threads if conditions else 1
+    cpus = conditions.cpus if conditions else 2
+    busy = [name for name, (a, b) in log.loads.items() if a is not None and machine_busy(cpus, threads, a, b)]
+    if not busy or (conditions is not None and conditions.busy):
+        return ""
+    return (
+        f"\n\n> **Warning:** the machine was busy during {', '.join(busy)} (see the stage table): "
+        "speeds measured in those stages are distorted."
+    )
+
+
+def _calibration_text(calibration: dict[str, Any]) -> str:
+    temps = ", ".join(f"{t:.2f}" for t in calibration["temperatures"])
+    before, after = calibration["mean_ece_before"], calibration["mean_ece_after"]
+    text = (
+        f"Reported on {calibration['report_rounds']} rounds ({calibration['report_set']}). "
+        f"Mean ECE {_pct(before)} → {_pct(after)}."
+    )
+    fitted = calibration.get("fitted_temperatures")
+    if calibration.get("improved") is False:
+        shown = ", ".join(f"{t:.2f}" for t in fitted) if fitted else temps
+        return (
+            f"{text} **Calibration did not improve held-out ECE**: no fitted temperature ({shown}) "
+            "lowered the ECE of its position on the held-out rounds, so none was written and the "
+            "evaluated DSpark drafter keeps its uncalibrated confidences."
+        )
+    kept = calibration.get("kept")
+    dropped = [str(k) for k, keep in enumerate(kept or [], start=1) if not keep]
+    note = (
+        f" Positions {', '.join(dropped)} keep T = 1: their fitted temperature did not lower held-out ECE."
+        if dropped
+        else ""
+    )
+    worse = (
+        " Mean ECE did not improve: the kept temperatures help their own positions but not the mean."
+        if after >= before
+        else ""
+    )
+    return f"Temperatures written: {temps}. {text}{note}{worse}"
+
+
+def _plain_note(
+    rows: list[dict[str, Any]], points: list[dict[str, Any]], plan: QuickstartPlan, log: StageLog
+) -> str:
+    """Why the eval table's plain decoding speed and the serving sweep's differ."""
+    evals = [r["tokens_per_s"] for r in rows if r["drafter"] == PLAIN and r.get("tokens_per_s")]
+    served = [p["per_user"] for p in points if p["policy"] == PLAIN and p["concurrency"] == 1]
+    if not evals or not served:
+        return ""
+    eval_tps, serve_tps = sum(evals) / len(evals), served[0]
+    return (
+        f"**Two plain-decoding speeds.** The evaluation table's plain decoding ({eval_tps:.1f} tokens/s, "
+        f"mean over domains, load {_loads(log.loads.get('eval'))}) times batch-1 answers of ≤ "
+        f"{plan.eval_max_tokens} tokens in this process; the serving sweep's plain decoding at one client "
+        f"({serve_tps:.1f} tokens/s per user, load {_loads(log.loads.get('serve'))}) times streamed HTTP "
+        f"requests of ≤ {plan.serve_max_tokens} tokens from the client's side (HTTP, tokenization and the "
+        "prefill of a shorter answer included). Each speedup is a ratio against the plain decoding of "
+        "its own table, measured minutes apart: compare ratios, not speeds, across the tables — and "
+        "neither when the stage loads differ much."
+    )
+
+
+def _shipped_text(means: dict[str, dict[str, float | None]], rows: list[dict[str, Any]]) -> str:
+    """What the shipped drafter did here on math (the README's claim is checked against this)."""
+    math = next((r for r in rows if r["drafter"] == "dspark-shipped" and r["domain"] == "math"), None)
+    if math is None:
+        return ""
+    speedup = math.get("speedup")
+    verdict = (
+        "faster than plain decoding" if speedup and speedup > 1.0 else "**not** faster than plain decoding"
+    )
+    return (
+        f"The shipped DSpark drafter reached τ {_f(math['tau'])} on math here, {_f(speedup, 2, '×')} "
+        f"plain decoding's speed: {verdict} on this machine under this load."
+    )
+
+
+def headline_figures(
+    means: dict[str, dict[str, float | None]],
+    rows: list[dict[str, Any]],
+    speedups: dict[str, dict[int, float]],
+    calibration: dict[str, Any],
+    conditions: RunConditions | None,
+) -> dict[str, Any]:
+    """The few figures the quickstart prints at its end (also in ``summary.json``)."""
+    trained = {m: v for m, v in means.items() if m not in REFERENCES}
+    best = max(trained, key=lambda m: trained[m]["tau"] or 0.0) if trained else None
+    math = next((r for r in rows if r["drafter"] == "dspark-shipped" and r["domain"] == "math"), None)
+    return {
+        "best_trained": best,
+        "best_trained_tau": trained[best]["tau"] if best else None,
+        "best_trained_speedup": trained[best]["speedup"] if best else None,
+        "shipped_math_tau": math["tau"] if math else None,
+        "shipped_math_speedup": math.get("speedup") if math else None,
+        "serving_speedups": {p: {str(c): round(v, 3) for c, v in d.items()} for p, d in speedups.items()},
+        "calibration_improved": calibration.get("improved"),
+        "mean_ece": [calibration["mean_ece_before"], calibration["mean_ece_after"]],
+        "busy": conditions.busy if conditions else None,
+        "warning": conditions.warning() if conditions else None,
+    }
+
+
+def headline_lines(summary: dict[str, Any]) -> list[str]:
+    """The quickstart's closing lines, from ``summary.json``."""
+    h = summary.get("headline") or {}
+    if not h:
+        return []
+    ece = h["mean_ece"]
+    lines = [
+        f"best trained drafter: {h['best_trained']} τ {_f(h['best_trained_tau'])}, "
+        f"{_f(h['best_trained_speedup'], 2, '×')} plain decoding (mean over math/code/chat)",
+        f"shipped DSpark on math: τ {_f(h['shipped_math_tau'])}, {_f(h['shipped_math_speedup'], 2, '×')} "
+        "plain decoding",
+        "serving, per-user speed over plain decoding: "
+        + "; ".join(
+            f"{p} " + ", ".join(f"{c} clients {v:.2f}×" for c, v in by_c.items())
+            for p, by_c in h["serving_speedups"].items()
+        ),
+        f"calibration: mean held-out ECE {_pct(ece[0])} → {_pct(ece[1])}"
+        + ("" if h["calibration_improved"] is not False else " (no temperature improved it: none written)"),
+    ]
+    if h.get("warning"):
+        lines.append(f"warning: {h['warning']}")
+    return lines
+
+
 def write_report(
     out: Path,
     plan: QuickstartPlan,
@@ -105,6 +242,7 @@ def write_report(
     serving: dict[str, Any],
     log: StageLog,
     wall_seconds: float,
+    conditions: RunConditions | None = None,
 ) -> Path:
     """Write ``out/report.md`` (and ``out/summary.json`` with the same figures); returns the report."""
     eval_md, means = eval_tables(evaluated["rows"])
@@ -131,7 +269,7 @@ def write_report(
         for policy, by_c in speedups.items()
     ]
     stage_rows = [
-        [name, _f(seconds, 0, " s"), "resumed" if name in log.resumed else "ran"]
+        [name, _f(seconds, 0, " s"), "resumed" if name in log.resumed else "ran", _loads(log.loads.get(name))]
         for name, seconds in log.seconds.items()
     ]
     trained_means = {m: v for m, v in means.items() if m not in REFERENCES}
@@ -142,9 +280,13 @@ def write_report(
     text = f"""# dspark quickstart report
 
 Generated {datetime.datetime.now().strftime("%Y-%m-%d %H:%M")} on the embedded tiny target (10.5M-parameter
-Qwen3, CPU, no network). Every figure below was measured by this run{smoke}.
+Qwen3, CPU, no network). Every figure below was measured by this run{smoke}, under the
+conditions below; speeds and speed ratios hold only for a machine as loaded as this one was
+(the load of each stage is in the stage table).
 Wall time of this invocation: **{wall_seconds:.0f} s**; sum of the stage times (including stages
 finished by an earlier invocation): {stage_seconds:.0f} s.
+
+{conditions_markdown(conditions)}{_stage_warning(log, conditions)}
 
 ## Pipeline
 
@@ -163,7 +305,7 @@ finished by an earlier invocation): {stage_seconds:.0f} s.
 5. **serve** — the calibrated DSpark drafter behind the real HTTP server, closed-loop clients,
    policies {", ".join(f"`{p}`" for p in plan.serve_policies)}.
 
-{md_table(["stage", "wall time", "this invocation"], stage_rows)}
+{md_table(["stage", "wall time", "this invocation", "1-min load (start → end)"], stage_rows)}
 
 ## Training (equal budgets)
 
@@ -182,9 +324,7 @@ per-benchmark report with histograms and prefix survival: [eval/report.md](eval/
 
 ## Calibration of DSpark's confidence head (STS)
 
-Temperatures {", ".join(f"{t:.2f}" for t in calibration["temperatures"])}; reported on
-{calibration["report_rounds"]} rounds ({calibration["report_set"]}). Mean ECE
-{_pct(calibration["mean_ece_before"])} → {_pct(calibration["mean_ece_after"])}.
+{_calibration_text(calibration)}
 
 {md_table(["position k", "ECE before", "ECE after", "AUC"], calib_rows)}
 
@@ -200,7 +340,11 @@ Per-user speed over plain decoding at the same number of clients:
 
 ![throughput vs per-user speed](serve/throughput_vs_per_user.png)
 
+{_plain_note(evaluated["rows"], serving["points"], plan, log)}
+
 ## What to read into this
+
+{_shipped_text(means, evaluated["rows"])}
 
 The drafters here saw {plan.train_steps * plan.batch_size} sequences each; the shipped ones
 (`dspark generate --drafter dspark`) saw 2,400 and DeepSeek's millions. τ rises with the
@@ -216,7 +360,11 @@ real model, follow the Qwen3-8B recipe in the README: the same stages, the same 
         "resumed": log.resumed,
         "eval_means": means,
         "serving_speedups": {p: {str(c): round(v, 3) for c, v in d.items()} for p, d in speedups.items()},
-        "calibration": {k: calibration[k] for k in ("temperatures", "mean_ece_before", "mean_ece_after")},
+        "calibration": {k: calibration[k] for k in ("temperatures", "mean_ece_before", "mean_ece_after")}
+        | {"improved": calibration.get("improved")},
+        "conditions": conditions.as_dict() if conditions else None,
+        "stage_loads": log.loads,
+        "headline": headline_figures(means, evaluated["rows"], speedups, calibration, conditions),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return out / "report.md"

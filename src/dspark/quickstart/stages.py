@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dspark.threads import load_average
+
 
 @dataclass
 class StageLog:
@@ -29,6 +31,8 @@ class StageLog:
     ran: list[str] = field(default_factory=list)
     resumed: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)  # wall time of each stage when it ran
+    # 1-minute load average at the start and the end of each stage when it ran (None: unknown)
+    loads: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -77,6 +81,7 @@ class Stages:
             self.announce(f"· {name}: done in an earlier run ({record['seconds']:.0f} s), skipped")
             self.log.resumed.append(name)
             self.log.seconds[name] = record["seconds"]
+            self.log.loads[name] = tuple(record.get("load", (None, None)))
             return record["summary"]
         started_marker = self.marker(name).with_suffix(".started.json")
         if started_marker.is_file() and json.loads(started_marker.read_text()) != json.loads(json.dumps(key)):
@@ -88,14 +93,27 @@ class Stages:
         self.marker(name).unlink(missing_ok=True)
         _write_atomic(started_marker, json.dumps(key) + "\n")
         self.announce(f"▶ {name}")
-        started = time.perf_counter()
-        summary = fn()
+        started, load_start = time.perf_counter(), load_average()
+        try:
+            summary = fn()
+        except KeyboardInterrupt:
+            self.announce(
+                f"✗ {name} interrupted; finished stages are kept in {self.root}"
+                + (
+                    f" ({', '.join(self.log.ran + self.log.resumed)})"
+                    if self.log.ran or self.log.resumed
+                    else ""
+                )
+                + ". Rerun the same command to resume: finished stages are skipped and an interrupted "
+                "training stage continues from its last checkpoint."
+            )
+            raise
         seconds = time.perf_counter() - started
-        _write_atomic(
-            self.marker(name),
-            json.dumps({"key": key, "summary": summary, "seconds": round(seconds, 2)}, indent=1) + "\n",
-        )
+        load = (load_start, load_average())
+        record = {"key": key, "summary": summary, "seconds": round(seconds, 2), "load": load}
+        _write_atomic(self.marker(name), json.dumps(record, indent=1) + "\n")
         self.announce(f"✓ {name} ({seconds:.0f} s)")
         self.log.ran.append(name)
         self.log.seconds[name] = round(seconds, 2)
+        self.log.loads[name] = load
         return summary

@@ -1,4 +1,4 @@
-"""``dspark serve``: the engine behind the OpenAI-compatible HTTP API, on uvicorn (SPEC §10).
+"""``dspark serve``: the engine behind the OpenAI-compatible HTTP API, on uvicorn (DESIGN §10).
 
 SIGTERM (or Ctrl+C) drains: the listening socket closes at once, requests on open
 connections get 503, and the requests already running (streams included) are finished

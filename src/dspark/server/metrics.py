@@ -17,7 +17,9 @@ that left the engine (finished or cancelled), through the worker's ``on_finish``
 
 State gauges are read at scrape time: the engine's queue, running requests and KV
 slots, the server's admitted requests, whether the engine is alive. Counts of the
-engine's own steps (``dspark_engine_*``) come from :class:`~dspark.engine.EngineStats`.
+engine's own steps (``dspark_engine_*``) come from :class:`~dspark.engine.EngineStats`,
+among them the cost-aware drafting decisions (``dspark_engine_cost_checked`` /
+``dspark_engine_cost_unprofitable`` and their ratio ``dspark_drafting_unprofitable_share``).
 """
 
 from __future__ import annotations
@@ -143,6 +145,22 @@ class EngineCollector(Collector):
         )
         yield _counter("dspark_engine_proposed_tokens", "draft tokens the drafter proposed", stats.drafted)
         yield _counter("dspark_engine_step_seconds", "time spent in engine steps", stats.step_s)
+        yield _counter(
+            "dspark_engine_cost_checked",
+            "decode rounds the cost-aware drafting rule judged (SPS policies)",
+            stats.cost_checked,
+        )
+        yield _counter(
+            "dspark_engine_cost_unprofitable",
+            "decode rounds the cost-aware rule did not draft: drafting was predicted not to pay",
+            stats.cost_unprofitable,
+        )
+        share = stats.cost_unprofitable / stats.cost_checked if stats.cost_checked else 0.0
+        yield _gauge(
+            "dspark_drafting_unprofitable_share",
+            "share of judged rounds the cost-aware rule did not draft (1: drafting does not pay here)",
+            share,
+        )
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -47,7 +47,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=8, help="global batch (sequences per optimizer step)")
     p.add_argument("--micro-batch-size", type=int, default=2, help="sequences per forward per process")
     p.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (warmup 4%%, then cosine)")
-    p.add_argument("--num-anchors", type=int, default=512, help="blocks per sequence (SPEC §6)")
+    p.add_argument("--num-anchors", type=int, default=512, help="blocks per sequence (DESIGN §6)")
     p.add_argument("--max-length", type=int, default=1024, help="tokens per sequence (longer ones are cut)")
     p.add_argument("--limit", type=int, default=None, help="use only the first N records")
     p.add_argument(
@@ -120,7 +120,7 @@ def _drafter_config(method: str, preset: str | None, tiny: bool):
 
 
 def _online_eval(target, prompt_specs: str, count: int = 6, max_tokens: int = 48):
-    """Real τ on a few held-out prompts at temperature 1 with fixed seeds (SPEC §6)."""
+    """Real τ on a few held-out prompts at temperature 1 with fixed seeds (DESIGN §6)."""
     from dspark.data.prompts import load_prompts
     from dspark.decoding import speculative_generate
     from dspark.eval.decode_bench import chat_prompt_ids
@@ -217,7 +217,7 @@ def main_train(args: argparse.Namespace) -> int:
             feature_cache=cache,
         )
         if world.is_main:
-            # The last checkpoint is already a drafter folder (SPEC §5.4): publish its two files.
+            # The last checkpoint is already a drafter folder (DESIGN §5.4): publish its two files.
             folder = publish_checkpoint(result.checkpoint, args.out / "drafter")
             print(
                 json.dumps(

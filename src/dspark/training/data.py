@@ -162,7 +162,7 @@ def assistant_spans(
     :func:`_rendered_reply` instead.
     """
     if not getattr(tokenizer, "chat_template", None):
-        raise DataError("the tokenizer has no chat template (SPEC §7.4 trains with the target's own)")
+        raise DataError("the tokenizer has no chat template (DESIGN §7.4 trains with the target's own)")
     full = _render(tokenizer, messages, False, template_kwargs)
     spans: list[tuple[int, int]] = []
     for i, message in enumerate(messages):

@@ -392,7 +392,8 @@ class Trainer:
                 self.world.world_size,
                 ckpt.trainer_state["world_size"],
             )
-        log.info("resumed from %s (step %d)", folder, ckpt.step)
+        if self.world.is_main:  # a resumed run says so: the user may have expected a fresh one
+            log.warning("resumed from step %d of %d (checkpoint %s)", ckpt.step, self.cfg.max_steps, folder)
         return ckpt.step
 
     def start(self) -> tuple[int, Path | None]:
@@ -409,6 +410,20 @@ class Trainer:
                 f"{self.ckpt_root} already holds checkpoints; resume, or choose a new output_dir"
             )
         return self.resume(folder), folder
+
+
+def interrupted_message(last_checkpoint: Path | None, cfg: TrainConfig) -> str:
+    """What an interrupted run kept, and how to continue it."""
+    if last_checkpoint is None:
+        every = f"every {cfg.save_every} steps" if cfg.save_every else f"at step {cfg.max_steps}"
+        return (
+            f"interrupted before the first checkpoint (written {every}); "
+            "rerunning the same command starts over"
+        )
+    return (
+        f"interrupted; the last checkpoint is {last_checkpoint} — rerun the same command "
+        f"(same --out {cfg.output_dir}) to resume from it"
+    )
 
 
 def train(
@@ -470,6 +485,10 @@ def train(
             logger.advance({"loss": stats.loss, "lr": stats.lr})
             if step == cfg.max_steps or (cfg.save_every and step % cfg.save_every == 0):
                 last_ckpt = trainer.save(step) or last_ckpt
+    except KeyboardInterrupt:
+        if world.is_main:
+            log.warning("%s", interrupted_message(last_ckpt, cfg))
+        raise
     finally:
         logger.close()
     return TrainResult(

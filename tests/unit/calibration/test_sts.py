@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dspark.calibration.metrics import position_calibration
-from dspark.calibration.sts import apply_sts, compose_temperatures, fit_sts
+from dspark.calibration.sts import apply_sts, compose_temperatures, fit_sts, keep_improving
 
 from .synthetic import synthetic_rounds
 
@@ -68,3 +68,26 @@ def test_a_position_without_rounds_keeps_the_previous_temperature():
     short = short.with_confidences(short.confidences.copy())
     temps = fit_sts(short)
     assert len(temps) == 3 and temps[2] == temps[1]
+
+
+def test_only_temperatures_that_lower_the_held_out_ece_are_kept():
+    fit, _ = synthetic_rounds(n=10_000, overconfidence=2.5, seed=3)
+    held_out, _ = synthetic_rounds(n=10_000, overconfidence=2.5, seed=4)
+    temps = fit_sts(fit)
+    # The same kind of rounds: every fitted temperature also helps the held-out ones.
+    assert keep_improving(held_out, temps) == temps
+    # Held-out rounds that were calibrated already: the fitted 2.5s only make them worse.
+    calibrated, _ = synthetic_rounds(n=10_000, overconfidence=1.0, seed=5)
+    kept = keep_improving(calibrated, temps)
+    assert kept[:3] == (1.0, 1.0, 1.0), kept  # deep positions see few survivals: not pinned
+    before = position_calibration(calibrated)
+    after = position_calibration(calibrated.with_confidences(apply_sts(calibrated.confidences, kept)))
+    assert all(a.ece <= b.ece + 1e-6 for a, b in zip(after, before))
+    # Mixed: a temperature that harms position 1 is dropped, the others are judged after it.
+    wrong_first = (0.2, *temps[1:])
+    kept = keep_improving(held_out, wrong_first)
+    assert kept[0] == 1.0 and all(t != 1.0 for t in kept[1:3])
+    before = position_calibration(held_out)
+    after = position_calibration(held_out.with_confidences(apply_sts(held_out.confidences, kept)))
+    assert after[0].ece == pytest.approx(before[0].ece, abs=1e-6)  # T = 1 up to the logit clip
+    assert np.mean([a.ece for a in after]) < np.mean([b.ece for b in before])

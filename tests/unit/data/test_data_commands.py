@@ -66,7 +66,8 @@ def test_estimate_accepts_the_readme_token_counts(capsys):
         assert code == 0
         assert json.loads(out)["tokens"] == tokens
         assert json.loads(out)["total_bytes"] == tokens * (6 * 4096 * 2 + 5)
-    code, _, err = _run(capsys, "data", "estimate", "--hidden-size", "8", "--feature-layers", "1", "--tokens", "1.5")
+    argv = ["data", "estimate", "--hidden-size", "8", "--feature-layers", "1", "--tokens", "1.5"]
+    code, _, err = _run(capsys, *argv)
     assert code == 2 and "expected a positive whole count" in err
 
 

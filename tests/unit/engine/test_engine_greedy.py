@@ -89,11 +89,12 @@ def test_greedy_equals_plain_greedy(target, sps, cases, policy, batch, num_reque
 
 
 @pytest.mark.parametrize("policy", ["prefix", "prefix-async"])
-def test_cost_aware_drafting_is_lossless_and_skips_drafts_that_do_not_pay(target, sps, cases, policy):
+def test_cost_aware_drafting_is_lossless_and_skips_drafts_that_do_not_pay(target, sps, cases, policy, caplog):
     """On the fixture's steep curve a verified token at batch 32 costs more than it returns:
-    cost-aware drafting stops most drafting there (it still probes), and greedy output is unchanged."""
+    cost-aware drafting stops most drafting there (it still probes), and greedy output is unchanged.
+    The decision is counted in the engine's stats (for /metrics) and logged once."""
     prompts, refs, max_tokens = cases
-    runs = {}
+    runs, stats = {}, {}
     for cost_aware in (False, True):
         engine = Engine(
             target,
@@ -106,7 +107,12 @@ def test_cost_aware_drafting_is_lossless_and_skips_drafts_that_do_not_pay(target
         for prompt, m, result in zip(prompts, max_tokens, results):
             assert result.token_ids == expected(refs[tuple(prompt)], m, None)
         runs[cost_aware] = engine.stats.drafted
+        stats[cost_aware] = engine.stats
     assert runs[True] < 0.75 * runs[False], runs
+    assert stats[False].cost_checked == stats[False].cost_unprofitable == 0
+    assert 0 < stats[True].cost_unprofitable <= stats[True].cost_checked <= stats[True].rounds
+    told = [r for r in caplog.records if "cost-aware drafting:" in r.getMessage()]
+    assert len(told) == 1 and told[0].levelname == "WARNING"
 
 
 @pytest.mark.parametrize("drafter_name", ["none", "ngram"])
