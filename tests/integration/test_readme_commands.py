@@ -1,0 +1,203 @@
+"""Every command line of the README runs as written, with small limits added.
+
+The commands are extracted from the README's ``bash`` blocks, in order, and run in one
+scratch folder (so that `train` finds the `answers.jsonl` that `data regenerate` wrote,
+and `calibrate` the drafter that `train` wrote). Each known command gets small limits
+appended (argparse keeps the last value of an option); a README command this test
+does not know fails it, so a new one cannot go unchecked. The only commands not run
+are those that need a GPU, several machines or a long time, each skipped with its
+reason named below.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from dspark.cli import main
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+# Small limits per command (prefix of the words after `dspark`), appended to the README's.
+FAST = ["--max-tokens", "8"]
+LIMITS: dict[str, list[str]] = {
+    "generate": FAST,
+    "data regenerate": ["--limit", "2", *FAST],
+    "data estimate": [],
+    "train": ["--steps", "2", "--batch-size", "2", "--micro-batch-size", "2", "--max-length", "64",
+              "--limit", "4", "--save-every", "0"],  # fmt: skip
+    "calibrate": ["--bench", "math", "--limit", "2", "--holdout-fraction", "0.5", "--no-progress", *FAST],
+    "eval": ["--limit", "1", "--no-progress", *FAST],
+    "profile": ["--max-batch", "2", "--repeats", "1"],
+    "export": [],
+    "sweep depth": ["--layers", "1", "--baseline-layers", "1", "--steps", "1", "--batch-size", "2",
+                    "--max-length", "64", "--data-limit", "4", "--limit", "1", "--no-progress", *FAST],
+    "sweep block-size": ["--lengths", "2", "--steps", "1", "--batch-size", "2", "--max-length", "64",
+                         "--data-limit", "4", "--limit", "1", "--no-progress", *FAST],
+    "bench decode": ["--limit", "1", *FAST],
+    "bench target": ["--limit", "1", "--samples", "1", *FAST],
+    "bench markov-overhead": ["--batch", "1", "--repeats", "1"],
+}  # fmt: skip
+SERVE_LIMITS = ["--max-batch", "2", "--max-seq-len", "256"]
+
+# Commands not run here, by a rule and its reason.
+SKIPS: list[tuple[str, str]] = [
+    (r"^pip install", "installs packages: CI installs the package itself"),
+    (r"^python -m pytest", "the test suite itself"),
+    (r"^torchrun", "several processes: tests/integration/test_distributed.py trains under torchrun"),
+    (r"^vllm |^python -m sglang", "needs vLLM / SGLang on a GPU"),
+    (r"--base-url http://gpu", "several machines: needs remote inference servers"),
+    (r"Qwen/Qwen3-8B|\$T\b", "GPU: Qwen3-8B"),
+    (
+        r"^dspark quickstart",
+        "~12 min (full) / ~70 s (--fast): tests/integration/test_quickstart.py runs `quickstart --fast`",
+    ),
+    (r"^dspark build-tiny-target", "rebuilds the shipped target (~1 h on 2 cores; it would replace it)"),
+]
+GPU_SECTION = "Qwen3-8B on a GPU box"
+
+
+@dataclass(frozen=True)
+class Line:
+    section: str
+    text: str
+
+
+def readme_commands(text: str) -> list[Line]:
+    """The command lines of the README's bash blocks: continuations joined, `&&` split, comments cut."""
+    lines, section = [], ""
+    for block in re.finditer(r"^## ([^\n]*)$|^```bash\n(.*?)^```", text, flags=re.M | re.S):
+        if block.group(1) is not None:
+            section = block.group(1)
+            continue
+        joined = block.group(2).replace("\\\n", " ")
+        for raw in joined.splitlines():
+            words = shlex.split(raw, comments=True)
+            if not words or re.fullmatch(r"[A-Z_]+=\S+", words[0]) and len(words) == 1:
+                continue  # blank, comment, or a shell variable assignment
+            command = " ".join(shlex.quote(w) for w in words)
+            lines += [Line(section, part.strip()) for part in command.split(" '&&' ")]
+    return lines
+
+
+def skip_reason(line: Line) -> str | None:
+    if line.section.startswith(GPU_SECTION):
+        return f"GPU: the '{GPU_SECTION}' recipe (Qwen3-8B, the user's data files)"
+    return next((why for rule, why in SKIPS if re.search(rule, line.text)), None)
+
+
+def _verb(words: list[str]) -> str:
+    two = " ".join(words[:2])
+    return two if two in LIMITS or two == "serve" else words[0]
+
+
+def test_the_readme_has_commands_and_every_one_is_known():
+    lines = readme_commands(README.read_text())
+    assert len(lines) > 20
+    for line in lines:
+        if skip_reason(line) is not None:
+            continue
+        words = shlex.split(line.text)
+        assert words[0] == "dspark", f"README command neither run nor skipped with a reason: {line.text}"
+        verb = _verb(words[1:])
+        assert verb in LIMITS or verb == "serve", f"README command without small limits here: {line.text}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(words: list[str], cwd: Path, env: dict[str, str]) -> None:
+    """`dspark serve ...` as written, on a free port: healthy, answers, /metrics, SIGTERM exits 0."""
+    port = _free_port()
+    argv = [sys.executable, "-m", "dspark", "--threads", "1", *words[1:], *SERVE_LIMITS, "--port", str(port)]
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode()
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the server did not become healthy"
+            time.sleep(0.5)
+        body = {"model": "tiny", "prompt": "Explain the with statement.", "max_tokens": 8, "temperature": 0}
+        reply = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+        assert reply.status_code == 200 and reply.json()["choices"][0]["text"] is not None
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+        assert (
+            "dspark_drafting_unprofitable_share" in metrics and "dspark_engine_cost_checked_total" in metrics
+        )
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out.decode()
+
+
+def test_every_readme_command_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))  # SPS profiles go to ~/.cache/dspark
+    env = {k: v for k, v in os.environ.items()} | {
+        "HOME": str(tmp_path),
+        "PYTHONPATH": os.pathsep.join(sys.path),
+    }
+    ran, skipped = [], []
+    for line in readme_commands(README.read_text()):
+        reason = skip_reason(line)
+        if reason is not None:
+            skipped.append((line.text, reason))
+            continue
+        words = shlex.split(line.text)[1:]
+        verb = _verb(words)
+        started = time.perf_counter()
+        if verb == "serve":
+            _serve(words, tmp_path, env)
+        else:
+            try:
+                code = main(["--threads", "1", *words, *LIMITS[verb]])
+            except SystemExit as e:
+                code = e.code
+            out = capsys.readouterr()
+            assert code == 0, f"`{line.text}` exited {code}: {out.err[-2000:]}"
+        ran.append((line.text, time.perf_counter() - started))
+    with capsys.disabled():
+        for text, seconds in ran:
+            print(f"\n  ran {seconds:5.1f} s  {text}", end="")
+        for text, reason in skipped:
+            print(f"\n  skipped ({reason}): {text}", end="")
+        print()
+    verbs = {_verb(shlex.split(t)[1:]) for t, _ in ran}
+    assert {"generate", "data regenerate", "train", "calibrate", "eval", "serve", "export"} <= verbs
+    assert all(reason for _, reason in skipped)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "pip install torch==2.13.0 -e . && dspark quickstart",
+            ["pip install torch==2.13.0 -e .", "dspark quickstart"],
+        ),
+        ("dspark eval --bench math \\\n  --limit 2  # a comment", ["dspark eval --bench math --limit 2"]),
+        ("T=Qwen/Qwen3-8B       # or a local folder", []),
+        ('dspark generate --prompt "..." --json', ["dspark generate --prompt ... --json"]),
+    ],
+)
+def test_extraction(text, expected):
+    assert [line.text for line in readme_commands(f"## s\n```bash\n{text}\n```\n")] == expected
