@@ -31,7 +31,11 @@ from transformers import AutoModelForCausalLM
 from dspark.presets.tiny import tiny_target_dir
 
 work, threads, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-torch.set_num_threads(threads)
+if threads:
+    torch.set_num_threads(threads)
+else:  # dspark's default: the CLI's choice of threads (dspark was imported first, see DEFAULT)
+    from dspark.threads import apply_threads
+    apply_threads(None)
 torch.manual_seed(0)
 model = AutoModelForCausalLM.from_pretrained(str(tiny_target_dir()), dtype=torch.float32)
 load0 = os.getloadavg()[0]
@@ -59,11 +63,15 @@ units, start = 0, time.perf_counter()
 while time.perf_counter() - start < seconds:
     units += once()
 elapsed = time.perf_counter() - start
-print(json.dumps({"per_s": units / elapsed, "load_start": load0, "load_end": os.getloadavg()[0]}))
+print(json.dumps({"per_s": units / elapsed, "load_start": load0, "load_end": os.getloadavg()[0],
+                  "threads": torch.get_num_threads(), "wait_policy": os.environ.get("OMP_WAIT_POLICY")}))
 """
+# dspark's default path: `import dspark` before torch sets passive waiting in-process.
+DEFAULT = "import dspark\n" + CHILD
 
-CONFIGS = [  # (threads, OMP_WAIT_POLICY or None = OpenMP's default)
+CONFIGS = [  # (threads, OMP_WAIT_POLICY or None = OpenMP's default); 0 = dspark's default choice
     (2, None),
+    (0, "dspark"),
     (2, "PASSIVE"),
     (1, None),
     (1, "PASSIVE"),
@@ -72,14 +80,15 @@ CONFIGS = [  # (threads, OMP_WAIT_POLICY or None = OpenMP's default)
 
 def run(work: str, threads: int, policy: str | None, seconds: float, busy: bool) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
-    if policy:
+    if policy and policy != "dspark":
         env["OMP_WAIT_POLICY"] = policy
+    code = DEFAULT if policy == "dspark" else CHILD
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
     try:
         if spinner is not None:
             time.sleep(0.5)  # let it take a core
         out = subprocess.run(
-            [sys.executable, "-c", CHILD, work, str(threads), str(seconds)],
+            [sys.executable, "-c", code, work, str(threads), str(seconds)],
             env=env,
             capture_output=True,
             text=True,
@@ -109,8 +118,9 @@ def main() -> int:
                     {
                         "work": work,
                         "machine": "busy (+1 spinner)" if busy else "as is",
-                        "threads": threads,
-                        "wait_policy": policy or "default",
+                        "config": "dspark default"
+                        if policy == "dspark"
+                        else f"{threads} thr, {policy or 'spin'}",
                         **r,
                         "ratio": r["per_s"] / base,
                     }
@@ -118,9 +128,9 @@ def main() -> int:
                 if not args.json:
                     x = rows[-1]
                     print(
-                        f"{work:<7}{x['machine']:<19}{threads:>3} threads  {x['wait_policy']:<8}"
-                        f"{x['per_s']:>9.1f} tok/s{x['ratio']:>7.2f}x   load {x['load_start']:.2f} → "
-                        f"{x['load_end']:.2f}",
+                        f"{work:<7}{x['machine']:<19}{x['config']:<16}{x['threads']:>2} threads "
+                        f"{x['wait_policy'] or 'unset':<8}{x['per_s']:>9.1f} tok/s{x['ratio']:>7.2f}x   "
+                        f"load {x['load_start']:.2f} → {x['load_end']:.2f}",
                         flush=True,
                     )
     if args.json:

@@ -35,7 +35,7 @@ LIMITS: dict[str, list[str]] = {
     "generate": FAST,
     "data regenerate": ["--limit", "2", *FAST],
     "data estimate": [],
-    "train": ["--steps", "2", "--batch-size", "2", "--micro-batch-size", "2", "--max-length", "64",
+    "train": ["--steps", "2", "--batch-size", "2", "--micro-batch-size", "2", "--max-length", "384",
               "--limit", "4", "--save-every", "0"],  # fmt: skip
     "calibrate": ["--bench", "math", "--limit", "2", "--holdout-fraction", "0.5", "--no-progress", *FAST],
     "eval": ["--limit", "1", "--no-progress", *FAST],
@@ -123,7 +123,7 @@ def _free_port() -> int:
 def _serve(words: list[str], cwd: Path, env: dict[str, str]) -> None:
     """`dspark serve ...` as written, on a free port: healthy, answers, /metrics, SIGTERM exits 0."""
     port = _free_port()
-    argv = [sys.executable, "-m", "dspark", "--threads", "1", *words[1:], *SERVE_LIMITS, "--port", str(port)]
+    argv = [sys.executable, "-m", "dspark", "--threads", "1", *words, *SERVE_LIMITS, "--port", str(port)]
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:

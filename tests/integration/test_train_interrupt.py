@@ -1,0 +1,39 @@
+"""Ctrl-C during `dspark train` names the last checkpoint and how to resume; the rerun says it resumed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def test_ctrl_c_names_the_checkpoint_and_the_rerun_says_it_resumed(tmp_path):
+    out = tmp_path / "run"
+    argv = [
+        sys.executable, "-m", "dspark", "--threads", "1", "train", "--drafter", "dflash", "--data",
+        "tiny-corpus", "--limit", "8", "--out", str(out), "--steps", "40", "--save-every", "1",
+        "--batch-size", "2", "--micro-batch-size", "2", "--max-length", "64", "--num-anchors", "8",
+    ]  # fmt: skip
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    latest = out / "checkpoints" / "latest"
+    deadline = time.monotonic() + 240
+    while not latest.exists():
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, "no checkpoint was written"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    said = [line for line in err.splitlines() if "interrupted; the last checkpoint is" in line]
+    assert len(said) == 1 and str(out) in said[0] and "rerun the same command" in said[0], err
+    assert "Traceback" not in err
+    checkpoint = said[0].split("the last checkpoint is ")[1].split(" — ")[0]
+    step = int(checkpoint.rsplit("_", 1)[-1])  # .../checkpoints/step_00000003
+    assert 1 <= step < 40
+
+    rerun = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"resumed from step {step} of 40" in rerun.stderr, rerun.stderr
