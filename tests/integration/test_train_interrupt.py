@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -10,10 +11,16 @@ import time
 
 
 def test_ctrl_c_names_the_checkpoint_and_the_rerun_says_it_resumed(tmp_path):
+    data = tmp_path / "answers.jsonl"
+    turn = [
+        {"role": "user", "content": "Ben has 12 pencils and gets 3 more. How many now?"},
+        {"role": "assistant", "content": "Ben has 12 + 3 = 15 pencils. The answer is 15. \\boxed{15}"},
+    ]
+    data.write_text("\n".join(json.dumps({"conversations": turn}) for _ in range(4)) + "\n")
     out = tmp_path / "run"
     argv = [
         sys.executable, "-m", "dspark", "--threads", "1", "train", "--drafter", "dflash", "--data",
-        "tiny-corpus", "--limit", "8", "--out", str(out), "--steps", "40", "--save-every", "1",
+        str(data), "--out", str(out), "--steps", "40", "--save-every", "5",
         "--batch-size", "2", "--micro-batch-size", "2", "--max-length", "64", "--num-anchors", "8",
     ]  # fmt: skip
     env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)}
@@ -32,7 +39,7 @@ def test_ctrl_c_names_the_checkpoint_and_the_rerun_says_it_resumed(tmp_path):
     assert "Traceback" not in err
     checkpoint = said[0].split("the last checkpoint is ")[1].split(" — ")[0]
     step = int(checkpoint.rsplit("_", 1)[-1])  # .../checkpoints/step_00000003
-    assert 1 <= step < 40
+    assert 5 <= step < 40 and step % 5 == 0
 
     rerun = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr
