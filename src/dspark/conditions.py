@@ -59,14 +59,14 @@ class RunConditions:
         return machine_busy(self.cpus, self.threads, self.load_start, self.load_end)
 
     def describe(self) -> str:
-        """One line: ``2 threads, float32 on cpu (2 cores, OMP_WAIT_POLICY=PASSIVE), load 0.10 → 2.05``."""
+        """One line: ``2 threads, float32 on cpu (2 cores, OMP_WAIT_POLICY=PASSIVE), 1-min load ...``."""
 
         def load(v: float | None) -> str:
             return "?" if v is None else f"{v:.2f}"
 
         end = "" if self.load_end is None else f" → {load(self.load_end)}"
         return (
-            f"{self.threads} threads, {self.dtype} on {self.device} ({self.cpus} cores, "
+            f"{self.threads} thread{'s' if self.threads != 1 else ''}, {self.dtype} on {self.device} ({self.cpus} cores, "
             f"{WAIT_POLICY}={self.wait_policy}), 1-min load average {load(self.load_start)}{end}"
         )
 
@@ -75,10 +75,11 @@ class RunConditions:
         if not self.busy:
             return None
         other = competing_load(self.threads, self.load_start, self.load_end)
+        threads = f"{self.threads} thread{'s' if self.threads != 1 else ''}"
         return (
-            f"the machine was busy: other work kept about {other:.1f} of {self.cpus} cores busy while "
-            f"this run used {self.threads} threads, so speeds and speed ratios are distorted "
-            "(rerun on an idle machine, or with --threads set to the free cores)"
+            f"the machine was busy: other work had a load of about {other:.1f} on {self.cpus} cores "
+            f"while this run used {threads}, so its speeds and speed ratios are distorted "
+            "(rerun on an idle machine for figures to compare)"
         )
 
     def as_dict(self) -> dict[str, Any]:

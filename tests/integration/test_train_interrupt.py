@@ -35,7 +35,7 @@ def test_ctrl_c_names_the_checkpoint_and_the_rerun_says_it_resumed(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     said = [line for line in err.splitlines() if "interrupted; the last checkpoint is" in line]
-    assert len(said) == 1 and str(out) in said[0] and "rerun the same command" in said[0], err
+    assert len(said) == 1 and str(out) in said[0] and "rerunning the same command" in said[0], err
     assert "Traceback" not in err
     checkpoint = said[0].split("the last checkpoint is ")[1].split(" — ")[0]
     step = int(checkpoint.rsplit("_", 1)[-1])  # .../checkpoints/step_00000003

@@ -266,7 +266,7 @@ class Engine:
         unprofitable = pays.count(False)
         self.stats.cost_checked += len(pays)
         self.stats.cost_unprofitable += unprofitable
-        if unprofitable == len(pays) and not self._told_unprofitable:
+        if pays and unprofitable == len(pays) and not self._told_unprofitable:
             self._told_unprofitable = True
             logger.warning(
                 "cost-aware drafting: at %d running request(s), drafting (%.1f ms per request) is "

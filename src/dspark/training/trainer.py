@@ -421,8 +421,8 @@ def interrupted_message(last_checkpoint: Path | None, cfg: TrainConfig) -> str:
             "rerunning the same command starts over"
         )
     return (
-        f"interrupted; the last checkpoint is {last_checkpoint} — rerun the same command "
-        f"(same --out {cfg.output_dir}) to resume from it"
+        f"interrupted; the last checkpoint is {last_checkpoint} — rerunning the same command "
+        f"into the same output folder ({cfg.output_dir}) resumes from it"
     )
 
 
