@@ -65,8 +65,9 @@ class RunConditions:
             return "?" if v is None else f"{v:.2f}"
 
         end = "" if self.load_end is None else f" → {load(self.load_end)}"
+        threads = f"{self.threads} thread{'s' if self.threads != 1 else ''}"
         return (
-            f"{self.threads} thread{'s' if self.threads != 1 else ''}, {self.dtype} on {self.device} ({self.cpus} cores, "
+            f"{threads}, {self.dtype} on {self.device} ({self.cpus} cores, "
             f"{WAIT_POLICY}={self.wait_policy}), 1-min load average {load(self.load_start)}{end}"
         )
 

@@ -94,7 +94,8 @@ def test_report_records_threads_dtype_and_load(run):
     assert set(summary["stage_loads"]) == set(STAGES)
     report = (run / "report.md").read_text()
     line = next(x for x in report.splitlines() if x.startswith("Run conditions:"))
-    assert f"{conditions['threads']} threads, float32 on cpu" in line
+    threads = conditions["threads"]
+    assert f"{threads} thread{'s' if threads != 1 else ''}, float32 on cpu" in line
     assert f"load average {conditions['load_start']:.2f} → {conditions['load_end']:.2f}" in line
     assert ("> **Warning:** the machine was busy" in report) == conditions["busy"]
     assert "**Two plain-decoding speeds.**" in report
