@@ -228,6 +228,11 @@ def sglang_layout(inp: ExportInput) -> Layout:
         )
     if inp.sps_table is not None:
         files[SPS_NAME] = sglang_sps_table(inp.sps_table)
+    else:
+        notes.append(
+            "No SPS table: SGLang's scheduler then verifies every draft. Profile the target on the "
+            "serving GPU (sglang.benchmark.dspark_sps_profiler) or export again with --sps-table."
+        )
     return Layout(config=config, state=inp.state, files=files, notes=tuple(notes))
 
 
