@@ -336,3 +336,26 @@ def test_cli_exports_the_shipped_5_layer_eagle3_for_vllm(tmp_path, capsys):
     out = tmp_path / "e"
     assert main(["export", "--format", "vllm", "--drafter", "eagle3", "--out", str(out)]) == 0
     assert len(_config(out)["eagle_aux_hidden_state_layer_ids"]) == 5
+
+
+def test_cli_refuses_a_bad_sps_table_before_any_work(tmp_path, capsys):
+    bad = tmp_path / "sps.json"
+    bad.write_text(json.dumps({"tokens": [8, 1], "steps_per_s": [1.0, 2.0]}))  # not increasing
+    with pytest.raises(SystemExit) as exc:
+        main(
+            [
+                "export",
+                "--format",
+                "sglang",
+                "--drafter",
+                "dspark",
+                "--out",
+                str(tmp_path / "o"),
+                "--sps-table",
+                str(bad),
+            ]
+        )
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dspark: error: --sps-table") and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
