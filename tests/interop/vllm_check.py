@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import socket
 import sys
 import time
 import traceback
@@ -37,6 +38,12 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 _BASE: dict[str, object] = {}  # target folder -> VllmConfig without speculation
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _init(target: str):
@@ -62,7 +69,7 @@ def _init(target: str):
                 world_size=1,
                 rank=0,
                 local_rank=0,
-                distributed_init_method="tcp://127.0.0.1:29517",
+                distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
                 backend="gloo",
             )
             initialize_model_parallel(1, 1)
