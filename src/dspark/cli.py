@@ -18,6 +18,7 @@ from pathlib import Path
 from dspark.argtypes import non_negative_float as _non_negative_float
 from dspark.argtypes import positive_int as _positive_int
 from dspark.calibration.commands import add_calibrate_args, main_calibrate
+from dspark.campaign.commands import add_campaign_args, main_campaign
 from dspark.data.commands import (
     add_cache_args,
     add_estimate_args,
@@ -342,6 +343,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[a
     "generate": (_add_generate, main_generate),
     "build-tiny-target": (_add_build_tiny, main_build_tiny_target),
     "train": (add_train_args, main_train),
+    "campaign": (add_campaign_args, main_campaign),
     "bench decode": (_add_bench_decode, main_bench_decode),
     "bench target": (_add_bench_target, main_bench_target),
     "bench markov-overhead": (_add_bench_overhead, main_bench_overhead),

@@ -123,6 +123,47 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
+@dataclass(frozen=True)
+class PackedBlockMask:
+    """Who sees what when N blocks of K slots are packed into one sequence of N*K queries.
+
+    ``context [B, N, C]`` bool: block n sees context entry c. Inside its block a slot sees
+    every slot (bidirectional, SPEC §5.1); it never sees another block.
+    """
+
+    context: Tensor  # [B, N, C] bool
+    block_size: int
+
+
+def attend_packed_blocks(
+    q: Tensor, ctx_k: Tensor, ctx_v: Tensor, k: Tensor, v: Tensor, mask: PackedBlockMask
+) -> Tensor:
+    """Attention of packed blocks over their visible context and their own block only.
+
+    q ``[B, nh, N*K, hd]``; ctx_k/ctx_v ``[B, nkv, C, hd]``; k/v ``[B, nkv, N*K, hd]`` (the
+    blocks' own). Equal to SDPA over ``[ctx ; every block]`` with
+    :func:`~dspark.drafters.blocks.block_attention_mask`, but costs ``N*K*(C + K)`` scores
+    instead of ``N*K*(C + N*K)``: the other blocks' keys are never scored. The softmax runs
+    over the context scores and the block's own K scores together.
+    """
+    B, nh, Q, hd = q.shape
+    K = mask.block_size
+    N, C = Q // K, ctx_k.shape[2]
+    assert Q == N * K and mask.context.shape == (B, N, C), f"{tuple(mask.context.shape)} vs {(B, N, C)}"
+    groups = nh // ctx_k.shape[1]
+    if groups > 1:
+        ctx_k, ctx_v, k, v = (x.repeat_interleave(groups, dim=1) for x in (ctx_k, ctx_v, k, v))
+    scale = hd**-0.5
+    s_ctx = (q @ ctx_k.transpose(-1, -2)).view(B, nh, N, K, C) * scale  # [B, nh, N, K, C]
+    s_ctx = s_ctx.masked_fill(~mask.context.view(B, 1, N, 1, C), float("-inf"))
+    q_own, k_own = q.view(B, nh, N, K, hd), k.view(B, nh, N, K, hd)
+    s_own = (q_own @ k_own.transpose(-1, -2)) * scale  # [B, nh, N, K, K]
+    p = torch.softmax(torch.cat([s_ctx, s_own], dim=-1).float(), dim=-1).to(q.dtype)  # [B, nh, N, K, C+K]
+    out_ctx = p[..., :C].reshape(B, nh, Q, C) @ ctx_v  # [B, nh, Q, hd]
+    out_own = p[..., C:] @ v.view(B, nh, N, K, hd)  # [B, nh, N, K, hd]
+    return out_ctx + out_own.view(B, nh, Q, hd)
+
+
 class SwiGLU(nn.Module):
     """``down(silu(gate(x)) * up(x))``."""
 
@@ -171,12 +212,12 @@ class DraftAttention(nn.Module):
         sin: Tensor,
         ctx_k: Tensor | None,
         ctx_v: Tensor | None,
-        mask: Tensor | None,
+        mask: Tensor | PackedBlockMask | None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Attend from ``x [B, T, in]`` over ``[ctx ; x]``; returns out ``[B, T, H]`` and x's k, v.
 
         ``ctx_k``/``ctx_v`` ``[B, nkv, C, hd]`` are already rotated; ``mask`` is
-        ``[B, 1, T, C + T]`` bool or None.
+        ``[B, 1, T, C + T]`` bool, None, or a :class:`PackedBlockMask` (training's packed blocks).
         """
         B, T, _ = x.shape
         q = self._heads(self.q_proj(x), self.num_heads)  # [B, nh, T, hd]
@@ -184,9 +225,12 @@ class DraftAttention(nn.Module):
             q = self.q_norm(q)
         q = apply_rope(q, cos, sin)
         k, v = self.project_kv(x, cos, sin)  # [B, nkv, T, hd]
-        keys = k if ctx_k is None else torch.cat([ctx_k, k], dim=2)  # [B, nkv, C+T, hd]
-        values = v if ctx_v is None else torch.cat([ctx_v, v], dim=2)
-        out = attend(q, keys, values, mask)  # [B, nh, T, hd]
+        if isinstance(mask, PackedBlockMask):
+            out = attend_packed_blocks(q, ctx_k, ctx_v, k, v, mask)  # [B, nh, T, hd]
+        else:
+            keys = k if ctx_k is None else torch.cat([ctx_k, k], dim=2)  # [B, nkv, C+T, hd]
+            values = v if ctx_v is None else torch.cat([ctx_v, v], dim=2)
+            out = attend(q, keys, values, mask)  # [B, nh, T, hd]
         out = out.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)  # [B, T, nh*hd]
         return self.o_proj(out), k, v
 
@@ -217,7 +261,7 @@ class DraftDecoderLayer(nn.Module):
         sin: Tensor,
         ctx_k: Tensor | None,
         ctx_v: Tensor | None,
-        mask: Tensor | None,
+        mask: Tensor | PackedBlockMask | None,
     ) -> Tensor:
         """Block hidden states ``[B, T, H]`` → ``[B, T, H]``."""
         attn, _, _ = self.self_attn(self.input_layernorm(h), cos, sin, ctx_k, ctx_v, mask)
@@ -296,6 +340,31 @@ def lm_logits(lm_head: nn.Linear, h: Tensor, softcap: float | None) -> Tensor:
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
     return logits
+
+
+def target_slot_logits(
+    lm_head: nn.Linear,
+    target_hidden: Tensor,
+    positions: Tensor,
+    softcap: float | None,
+    rows: Tensor | None = None,
+) -> Tensor:
+    """The target's logits at every block slot ``[..., K, V]`` fp32 (SPEC §6).
+
+    ``target_hidden [B, T, H]`` is the target's final-normed last hidden state;
+    ``positions [B, A, K]`` the slots' positions (clamped to T - 1), or ``[N, K]`` with
+    ``rows [N]`` naming each block's batch row. Blocks overlap — slot k of anchor a and
+    slot k - 1 of anchor a + 1 sit at one position — so the LM head runs once per
+    distinct position (at most T per row instead of A*K) and the slots gather from it.
+    """
+    B, T, H = target_hidden.shape
+    if rows is None:
+        rows = torch.arange(B, device=positions.device).view(B, 1).expand(positions.shape[:-1])
+    flat = (rows.unsqueeze(-1) * T + positions.clamp_max(T - 1)).reshape(-1)  # [slots]
+    distinct, inverse = torch.unique(flat, return_inverse=True)  # [U], [slots]
+    hidden = target_hidden.reshape(B * T, H)[distinct]  # [U, H]
+    logits = lm_logits(lm_head, hidden.to(lm_head.weight.dtype), softcap)  # [U, V]
+    return logits[inverse].view(*positions.shape, -1)
 
 
 # -- inference state ------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from dspark.drafters.common import (
     request_generator,
     rope_cos_sin,
     sample_tokens,
+    target_slot_logits,
 )
 from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, eagle3_objective
 from dspark.protocols import DraftBlock, SamplingParams, SequenceState, TrainBatch, TrainOutput
@@ -173,16 +174,11 @@ class Eagle3Drafter(nn.Module):
         return TrainOutput(
             logits=self.logits(hidden),
             labels=layout.labels,
-            target_logits=self._target_logits(batch, layout.positions),
+            target_logits=target_slot_logits(
+                self.lm_head, batch.target_hidden, layout.positions, self.dims.logit_softcap
+            ),
             valid=layout.valid & (anchors >= 1).unsqueeze(-1),
         )
-
-    def _target_logits(self, batch: TrainBatch, positions: Tensor) -> Tensor:
-        B, A, K = positions.shape
-        H = batch.target_hidden.shape[-1]
-        idx = positions.view(B, A * K, 1).clamp_max(batch.target_hidden.shape[1] - 1).expand(-1, -1, H)
-        hidden = batch.target_hidden.gather(1, idx).view(B, A, K, H)  # final-normed already
-        return lm_logits(self.lm_head, hidden.to(self.lm_head.weight.dtype), self.dims.logit_softcap)
 
     def loss(self, out: TrainOutput) -> LossOutput:
         return compute_loss(out, self.config.objective)
