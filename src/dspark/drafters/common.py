@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dspark.protocols import SamplingParams
+from dspark.protocols import SamplingParams, SlotFactors
 
 # -- dimensions -------------------------------------------------------------------------
 
@@ -342,29 +342,40 @@ def lm_logits(lm_head: nn.Linear, h: Tensor, softcap: float | None) -> Tensor:
     return logits
 
 
-def target_slot_logits(
+def slot_factors(
     lm_head: nn.Linear,
+    hidden: Tensor,
     target_hidden: Tensor,
     positions: Tensor,
     softcap: float | None,
+    *,
     rows: Tensor | None = None,
-) -> Tensor:
-    """The target's logits at every block slot ``[..., K, V]`` fp32 (SPEC §6).
+    low_rank: tuple[Tensor, Tensor] | None = None,
+) -> SlotFactors:
+    """The draft and target logits of every slot as :class:`~dspark.protocols.SlotFactors` (SPEC §6).
 
-    ``target_hidden [B, T, H]`` is the target's final-normed last hidden state;
-    ``positions [B, A, K]`` the slots' positions (clamped to T - 1), or ``[N, K]`` with
-    ``rows [N]`` naming each block's batch row. Blocks overlap — slot k of anchor a and
-    slot k - 1 of anchor a + 1 sit at one position — so the LM head runs once per
-    distinct position (at most T per row instead of A*K) and the slots gather from it.
+    ``hidden [..., K, H]`` are the slots' final-normed draft states; ``target_hidden
+    [B, T, H]`` the target's final-normed last hidden state; ``positions [B, A, K]`` the
+    slots' positions (clamped to T - 1), or ``[N, K]`` with ``rows [N]`` naming each
+    block's batch row; ``low_rank`` the sequential head's ``(u [..., K, r], W_2ᵀ [V, r])``.
+    Blocks overlap — slot k of anchor a and slot k - 1 of anchor a + 1 sit at one
+    position — so the target's rows are kept once per distinct position.
     """
     B, T, H = target_hidden.shape
     if rows is None:
         rows = torch.arange(B, device=positions.device).view(B, 1).expand(positions.shape[:-1])
     flat = (rows.unsqueeze(-1) * T + positions.clamp_max(T - 1)).reshape(-1)  # [slots]
     distinct, inverse = torch.unique(flat, return_inverse=True)  # [U], [slots]
-    hidden = target_hidden.reshape(B * T, H)[distinct]  # [U, H]
-    logits = lm_logits(lm_head, hidden.to(lm_head.weight.dtype), softcap)  # [U, V]
-    return logits[inverse].view(*positions.shape, -1)
+    u, w2 = low_rank if low_rank is not None else (None, None)
+    return SlotFactors(
+        hidden=hidden,
+        head=lm_head.weight,
+        target_rows=target_hidden.reshape(B * T, H)[distinct],  # [U, H]
+        target_index=inverse.view(hidden.shape[:-1]),
+        softcap=softcap,
+        low_rank_u=u,
+        low_rank_w=w2,
+    )
 
 
 # -- inference state ------------------------------------------------------------------------

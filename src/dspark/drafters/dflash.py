@@ -40,10 +40,10 @@ from dspark.drafters.common import (
     request_generator,
     rope_cos_sin,
     sample_tokens,
-    target_slot_logits,
+    slot_factors,
 )
 from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, dflash_objective
-from dspark.protocols import DraftBlock, SamplingParams, SequenceState, TrainBatch, TrainOutput
+from dspark.protocols import DraftBlock, SamplingParams, SequenceState, SlotFactors, TrainBatch, TrainOutput
 from dspark.sampling.probs import batch_probs
 
 
@@ -146,10 +146,24 @@ class DFlashBackbone(nn.Module):
             h = layer(h, cos_q, sin_q, ctx_k, ctx_v, mask)
         return self.norm(h).view(N, K, H)
 
-    def target_logits(self, batch: TrainBatch, blocks: PackedBlocks) -> Tensor:
-        """The target's logits at every slot ``[N, K, V]``, from its final-normed hidden (SPEC §6)."""
+    def slot_factors(
+        self,
+        h: Tensor,
+        batch: TrainBatch,
+        blocks: PackedBlocks,
+        low_rank: tuple[Tensor, Tensor] | None = None,
+    ) -> SlotFactors:
+        """The draft and target logits of the packed slots ``[1, N, K]``, as factors (SPEC §6)."""
         softcap = self.dims.logit_softcap
-        return target_slot_logits(self.lm_head, batch.target_hidden, blocks.positions, softcap, blocks.rows)
+        return slot_factors(
+            self.lm_head,
+            h,
+            batch.target_hidden,
+            blocks.positions,
+            softcap,
+            rows=blocks.rows,
+            low_rank=low_rank,
+        )
 
     # -- inference ---------------------------------------------------------------------------
 
@@ -232,14 +246,13 @@ class DFlashDrafter(DFlashBackbone):
         return build_from_target(cls, target, config)
 
     def forward_train(self, batch: TrainBatch) -> TrainOutput:
-        """Logits of every real block's slots ``[1, N, K, V]``, teacher-forced context (SPEC §6)."""
+        """Every real block's slots ``[1, N, K]``, teacher-forced context, logits as factors (SPEC §6)."""
         blocks = pack_blocks(batch_layout(batch, self.block_size), batch.input_ids.shape[1])
-        h = self.block_hidden_train(batch, blocks)  # [N, K, H]
+        h = self.block_hidden_train(batch, blocks).unsqueeze(0)  # [1, N, K, H]
         return TrainOutput(
-            logits=self.logits(h).unsqueeze(0),
             labels=blocks.labels.unsqueeze(0),
-            target_logits=self.target_logits(batch, blocks).unsqueeze(0),
             valid=blocks.valid.unsqueeze(0),
+            factors=self.slot_factors(h, batch, blocks),
         )
 
     def loss(self, out: TrainOutput) -> LossOutput:

@@ -103,24 +103,23 @@ class DSparkDrafter(DFlashBackbone):
         """
         blocks = pack_blocks(batch_layout(batch, self.block_size), batch.input_ids.shape[1])
         h = self.block_hidden_train(batch, blocks).unsqueeze(0)  # [1, N, K, H]
-        logits = self.logits(h)  # [1, N, K, V]: base logits U_k
         # Slot k sits at position a + k, whose ground-truth token is x_{k-1} (slot 0: the anchor);
         # slots past the end are invalid, any index will do.
         at = blocks.positions.clamp_max(batch.input_ids.shape[1] - 1)  # [N, K]
         prev = batch.input_ids[blocks.rows.unsqueeze(-1), at].unsqueeze(0)  # [1, N, K]
-        markov_emb = None
+        low_rank = markov_emb = None
         if self.markov_head is not None:
-            bias, markov_emb = self.markov_head.teacher_forced(prev, h)  # [1, N, K, V], [1, N, K, r]
-            logits = logits + bias.float()
+            # logits = U_k + B_k with B_k = W_2ᵀ u_k (Eq. 4-6): kept factored for the chunked loss
+            u, markov_emb = self.markov_head.teacher_forced_factors(prev, h)  # [1, N, K, r] x 2
+            low_rank = (u, self.markov_head.markov_w2.weight)
         confidences = None
         if self.confidence_head is not None:
             confidences = torch.sigmoid(self._confidence_logits(h, markov_emb))  # [1, N, K]
         return TrainOutput(
-            logits=logits,
             labels=blocks.labels.unsqueeze(0),
-            target_logits=self.target_logits(batch, blocks).unsqueeze(0),
             valid=blocks.valid.unsqueeze(0),
             confidences=confidences,
+            factors=self.slot_factors(h, batch, blocks, low_rank),
         )
 
     def loss(self, out: TrainOutput) -> LossOutput:

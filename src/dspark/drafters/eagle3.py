@@ -43,7 +43,7 @@ from dspark.drafters.common import (
     request_generator,
     rope_cos_sin,
     sample_tokens,
-    target_slot_logits,
+    slot_factors,
 )
 from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, eagle3_objective
 from dspark.protocols import DraftBlock, SamplingParams, SequenceState, TrainBatch, TrainOutput
@@ -170,14 +170,12 @@ class Eagle3Drafter(nn.Module):
                 keys.append(k_new)
                 values.append(v_new)
             outputs.append(h)
-        hidden = torch.stack(outputs, dim=2)  # [B, A, K, H]
+        hidden = self.norm(torch.stack(outputs, dim=2))  # [B, A, K, H], final-normed
+        softcap = self.dims.logit_softcap
         return TrainOutput(
-            logits=self.logits(hidden),
             labels=layout.labels,
-            target_logits=target_slot_logits(
-                self.lm_head, batch.target_hidden, layout.positions, self.dims.logit_softcap
-            ),
             valid=layout.valid & (anchors >= 1).unsqueeze(-1),
+            factors=slot_factors(self.lm_head, hidden, batch.target_hidden, layout.positions, softcap),
         )
 
     def loss(self, out: TrainOutput) -> LossOutput:

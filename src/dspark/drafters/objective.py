@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from dspark.drafters.chunked_objective import DEFAULT_BUDGET_BYTES, chunked_terms
 from dspark.protocols import TrainOutput
 
 _EPS = 1e-6  # keeps log(c) and log(1 - c) finite for confidences saturated in fp32
@@ -180,13 +181,19 @@ def acceptance_metrics(accept: Tensor, valid: Tensor, confidences: Tensor | None
     return DraftMetrics(acceptance=per_pos, expected_tau=tau, confidence_bias=bias)
 
 
-def compute_loss(out: TrainOutput, objective: ObjectiveConfig) -> LossOutput:
+def compute_loss(
+    out: TrainOutput, objective: ObjectiveConfig, *, budget_bytes: int = DEFAULT_BUDGET_BYTES
+) -> LossOutput:
     """``L = ce·L_ce + tv·L_tv + conf·L_conf + soft_ce·L_soft_ce`` (paper Eq. 12).
 
     The draft distribution is ``softmax(out.logits)`` (already Markov-corrected for
     DSpark), the target distribution ``softmax(out.target_logits)``; both at
-    temperature 1.
+    temperature 1. An output given as :class:`~dspark.protocols.SlotFactors` goes through
+    the chunked path (:mod:`dspark.drafters.chunked_objective`, same values and
+    gradients) within ``budget_bytes`` of V-sized tensors; dense logits take this one.
     """
+    if out.factors is not None and not out.dense:
+        return _chunked_loss(out, objective, budget_bytes)
     B, A, K, V = out.logits.shape
     assert out.target_logits.shape == (B, A, K, V), f"{tuple(out.target_logits.shape)} != {(B, A, K, V)}"
     assert out.labels.shape == (B, A, K) and out.valid.shape == (B, A, K)
@@ -219,6 +226,36 @@ def compute_loss(out: TrainOutput, objective: ObjectiveConfig) -> LossOutput:
         loss = loss + objective.conf * terms["conf"]
     detached = {name: (t.detach() if t is not None else None) for name, t in terms.items()}
     return LossOutput(loss=loss, **detached, metrics=acceptance_metrics(accept, valid, out.confidences))
+
+
+def _chunked_loss(out: TrainOutput, objective: ObjectiveConfig, budget_bytes: int) -> LossOutput:
+    """:func:`compute_loss` on factored logits: the logit terms chunk by chunk, the rest as above."""
+    K = out.labels.shape[-1]
+    valid = out.valid
+    w = position_weights(K, decay=objective.decay, geometric=objective.geometric, device=valid.device)
+    wv = w * valid.float()  # [B, A, K]
+    omega = wv / wv.sum().clamp_min(1e-12)  # the weights of weighted_mean
+    t = chunked_terms(
+        out.factors, out.labels, omega, ce=objective.ce, soft_ce=objective.soft_ce, tv=objective.tv,
+        budget_bytes=budget_bytes,
+    )  # fmt: skip
+    loss = t.objective
+    accept = 1.0 - 0.5 * t.l1  # [B, A, K]: c* (Eq. 8), detached
+    terms: dict[str, Tensor | None] = dict(ce=None, tv=None, conf=None, soft_ce=None)
+    for name, coef, values in (
+        ("ce", objective.ce, t.ce),
+        ("tv", objective.tv, t.l1),
+        ("soft_ce", objective.soft_ce, t.soft_ce),
+    ):  # noqa: E501
+        if coef > 0:
+            terms[name] = weighted_mean(values, valid, w).detach()
+    if objective.conf > 0:
+        if out.confidences is None:
+            raise ValueError("the objective has a confidence term but the drafter gave no confidences")
+        conf = weighted_mean(binary_cross_entropy(out.confidences, accept), valid, w)
+        loss = loss + objective.conf * conf
+        terms["conf"] = conf.detach()
+    return LossOutput(loss=loss, **terms, metrics=acceptance_metrics(accept, valid, out.confidences))
 
 
 def drafter_loss(config, out: TrainOutput) -> LossOutput:
