@@ -130,6 +130,18 @@ class PackedBlocks:
     def block_size(self) -> int:
         return self.positions.shape[-1]
 
+    def row_spans(self) -> tuple[tuple[int, int, int, int], ...]:
+        """``(n0, n1, c0, c1)`` per batch row: its blocks ``n0:n1`` and its packed context ``c0:c1``."""
+        B = int(self.rows.max()) + 1 if self.rows.numel() else 0  # rows with context all have blocks
+        blocks = torch.bincount(self.rows, minlength=B).cumsum(0).tolist()
+        context = torch.bincount(self.ctx_rows, minlength=B).cumsum(0).tolist()
+        spans, n0, c0 = [], 0, 0
+        for n1, c1 in zip(blocks, context):
+            if n1 > n0:
+                spans.append((n0, n1, c0, c1))
+            n0, c0 = n1, c1
+        return tuple(spans)
+
     def context_mask(self) -> Tensor:
         """``[N, C]`` bool: block n sees packed entry c iff they share a row and c's position < n's anchor."""
         same_row = self.ctx_rows.unsqueeze(0) == self.rows.unsqueeze(1)  # [N, C]

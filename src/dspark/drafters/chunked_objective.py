@@ -70,11 +70,13 @@ class _ChunkedTerms(torch.autograd.Function):
         grad_h = torch.zeros_like(hidden, dtype=torch.float32) if need_grad else None
         grad_u = torch.zeros_like(u, dtype=torch.float32) if need_grad and u is not None else None
         grad_w2 = torch.zeros_like(w2_32) if need_grad and w2 is not None else None
+        # In-place updates and fused row reductions below: on a CPU the [chunk, V] passes,
+        # not the matmuls, would otherwise dominate.
         for start in range(0, M, chunk):
             sl = slice(start, start + chunk)
             z = hidden[sl].float() @ head32.T  # [c, V]
             if u is not None:
-                z = z + u[sl].float() @ w2_32.T
+                z.addmm_(u[sl].float(), w2_32.T)
             z = _softcap(z, softcap)
             logp = torch.log_softmax(z, dim=-1)  # [c, V]
             p = logp.exp()
@@ -84,30 +86,29 @@ class _ChunkedTerms(torch.autograd.Function):
             q = torch.softmax(_softcap(target_rows[rows].float() @ head32.T, softcap), dim=-1)[
                 inverse
             ]  # [c, V]
-            diff = p - q
-            l1[sl] = diff.abs().sum(-1)
             label = labels[sl].unsqueeze(-1)  # [c, 1]
             if a_ce:
                 ce[sl] = -logp.gather(-1, label).squeeze(-1)
             if a_soft:
-                soft[sl] = -(q * logp).sum(-1)
+                soft[sl] = -torch.linalg.vecdot(q, logp)
+            del logp
+            diff = p - q  # [c, V]
+            l1[sl] = torch.linalg.vector_norm(diff, ord=1, dim=-1)
             if not need_grad:
                 continue
-            g = p * (a_ce + a_soft)  # [c, V]
+            g = diff.sign_()  # s; the gradient is built in its storage
+            g.sub_(torch.linalg.vecdot(g, p).unsqueeze(-1)).mul_(a_tv).add_(a_ce + a_soft).mul_(p)
             if a_soft:
-                g -= a_soft * q
+                g.sub_(q, alpha=a_soft)
             if a_ce:
                 g.scatter_add_(-1, label, torch.full_like(label, -a_ce, dtype=g.dtype))
-            if a_tv:
-                sign = torch.sign(diff)
-                g += a_tv * p * (sign - (sign * p).sum(-1, keepdim=True))
-            g *= omega[sl].unsqueeze(-1)
+            g.mul_(omega[sl].unsqueeze(-1))
             if softcap is not None:
-                g *= 1.0 - (z / softcap) ** 2
+                g.mul_(1.0 - (z / softcap) ** 2)
             grad_h[sl] = g @ head32
             if u is not None:
                 grad_u[sl] = g @ w2_32
-                grad_w2 += g.T @ u[sl].float()
+                grad_w2.addmm_(g.T, u[sl].float())
         per_slot = a_tv * l1
         if a_ce:
             per_slot = per_slot + a_ce * ce

@@ -128,11 +128,15 @@ class PackedBlockMask:
     """Who sees what when N blocks of K slots are packed into one sequence of N*K queries.
 
     ``context [B, N, C]`` bool: block n sees context entry c. Inside its block a slot sees
-    every slot (bidirectional, SPEC §5.1); it never sees another block.
+    every slot (bidirectional, SPEC §5.1); it never sees another block. ``spans`` (from
+    :meth:`~dspark.drafters.blocks.PackedBlocks.row_spans`) lists ``(n0, n1, c0, c1)``:
+    blocks ``n0:n1`` can only see context ``c0:c1`` (their batch row), so the scores
+    outside those rectangles are never computed.
     """
 
     context: Tensor  # [B, N, C] bool
     block_size: int
+    spans: tuple[tuple[int, int, int, int], ...] | None = None
 
 
 def attend_packed_blocks(
@@ -142,9 +146,9 @@ def attend_packed_blocks(
 
     q ``[B, nh, N*K, hd]``; ctx_k/ctx_v ``[B, nkv, C, hd]``; k/v ``[B, nkv, N*K, hd]`` (the
     blocks' own). Equal to SDPA over ``[ctx ; every block]`` with
-    :func:`~dspark.drafters.blocks.block_attention_mask`, but costs ``N*K*(C + K)`` scores
-    instead of ``N*K*(C + N*K)``: the other blocks' keys are never scored. The softmax runs
-    over the context scores and the block's own K scores together.
+    :func:`~dspark.drafters.blocks.block_attention_mask`, but scores only each block's own
+    row of context and its own K slots: ``Σ_rows N_r*K*(C_r + K)`` scores instead of
+    ``N*K*(C + N*K)``. The softmax runs over the context and own-block scores together.
     """
     B, nh, Q, hd = q.shape
     K = mask.block_size
@@ -153,15 +157,20 @@ def attend_packed_blocks(
     groups = nh // ctx_k.shape[1]
     if groups > 1:
         ctx_k, ctx_v, k, v = (x.repeat_interleave(groups, dim=1) for x in (ctx_k, ctx_v, k, v))
-    scale = hd**-0.5
-    s_ctx = (q @ ctx_k.transpose(-1, -2)).view(B, nh, N, K, C) * scale  # [B, nh, N, K, C]
-    s_ctx = s_ctx.masked_fill(~mask.context.view(B, 1, N, 1, C), float("-inf"))
-    q_own, k_own = q.view(B, nh, N, K, hd), k.view(B, nh, N, K, hd)
-    s_own = (q_own @ k_own.transpose(-1, -2)) * scale  # [B, nh, N, K, K]
-    p = torch.softmax(torch.cat([s_ctx, s_own], dim=-1).float(), dim=-1).to(q.dtype)  # [B, nh, N, K, C+K]
-    out_ctx = p[..., :C].reshape(B, nh, Q, C) @ ctx_v  # [B, nh, Q, hd]
-    out_own = p[..., C:] @ v.view(B, nh, N, K, hd)  # [B, nh, N, K, hd]
-    return out_ctx + out_own.view(B, nh, Q, hd)
+    q = q * hd**-0.5
+    s_own = q.view(B, nh, N, K, hd) @ k.view(B, nh, N, K, hd).transpose(-1, -2)  # [B, nh, N, K, K]
+    v_own = v.view(B, nh, N, K, hd)
+    outs = []
+    for n0, n1, c0, c1 in mask.spans or ((0, N, 0, C),):
+        n, c = n1 - n0, c1 - c0
+        s_ctx = q[:, :, n0 * K : n1 * K] @ ctx_k[:, :, c0:c1].transpose(-1, -2)  # [B, nh, n*K, c]
+        s_ctx = s_ctx.view(B, nh, n, K, c).masked_fill(
+            ~mask.context[:, n0:n1, c0:c1].view(B, 1, n, 1, c), -torch.inf
+        )
+        p = torch.softmax(torch.cat([s_ctx, s_own[:, :, n0:n1]], dim=-1).float(), dim=-1).to(q.dtype)
+        out = p[..., :c].reshape(B, nh, n * K, c) @ ctx_v[:, :, c0:c1]  # [B, nh, n*K, hd]
+        outs.append(out + (p[..., c:] @ v_own[:, :, n0:n1]).reshape(B, nh, n * K, hd))
+    return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
 
 class SwiGLU(nn.Module):

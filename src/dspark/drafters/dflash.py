@@ -140,7 +140,7 @@ class DFlashBackbone(nn.Module):
         anchor_ids = batch.input_ids[blocks.rows, blocks.anchors]  # [N]
         h = self.embed(self._block_inputs(anchor_ids)).view(1, N * K, H).to(h_ctx.dtype)  # [1, N*K, H]
         cos_q, sin_q = self._rope(blocks.positions.view(1, N * K))  # [1, N*K, hd]
-        mask = PackedBlockMask(blocks.context_mask().unsqueeze(0), K)  # [1, N, C]
+        mask = PackedBlockMask(blocks.context_mask().unsqueeze(0), K, blocks.row_spans())  # [1, N, C]
         for layer in self.layers:
             ctx_k, ctx_v = layer.context_kv(h_ctx, cos_c, sin_c)  # [1, nkv, C, hd]
             h = layer(h, cos_q, sin_q, ctx_k, ctx_v, mask)
