@@ -40,6 +40,7 @@ def add_campaign_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--prompts", type=int, default=None, help="regenerate only the first N training prompts")
     p.add_argument("--eval-prompts", type=int, default=None, help="prompts per evaluation set")
+    p.add_argument("--eval-max-tokens", type=int, default=None, help="tokens per evaluation answer")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (stage lines still print)")
 
 
@@ -63,7 +64,12 @@ def main_campaign(args: argparse.Namespace) -> int:
     plan = PLANS[args.target]
     changes = {
         k: v
-        for k, v in (("epochs", args.epochs), ("prompts", args.prompts), ("eval_prompts", args.eval_prompts))
+        for k, v in (
+            ("epochs", args.epochs),
+            ("prompts", args.prompts),
+            ("eval_prompts", args.eval_prompts),
+            ("eval_max_tokens", args.eval_max_tokens),
+        )
         if v is not None
     }
     plan = dataclasses.replace(plan, **changes)
