@@ -48,7 +48,6 @@ def main() -> None:
     for method in args.drafters.split(","):
         config = getattr(presets, f"{method}_tiny")()
         target = TargetAdapter.from_pretrained(resolve_target(None), target_layer_ids=config.target_layer_ids)
-        target.model.float() if hasattr(target, "model") else None
         torch.manual_seed(0)
         drafter = KINDS[method].drafter_cls.from_target(target, config).float().train()
         data = tokenize_records(training_records()[:200], target.tokenizer, max_length=args.max_length)
@@ -59,7 +58,8 @@ def main() -> None:
             if i == 1:
                 acc.clear()
                 tokens = 0
-            samples = [data[(i * args.micro_batch_size + j) % len(data)] for j in range(args.micro_batch_size)]
+            mb = args.micro_batch_size
+            samples = [data[(i * mb + j) % len(data)] for j in range(mb)]
             with timed(acc, "total"):
                 with timed(acc, "collate"):
                     tb = collate(samples, 0)
