@@ -45,3 +45,17 @@ def test_rerun_skips_every_stage(run, capsys):
     for stage in STAGES:
         assert f"· {stage}: done in an earlier run" in err, stage
     assert all(Stages(run).marker(s).is_file() for s in STAGES)
+
+
+def test_status_and_learning_curves(run, capsys):
+    summary = json.loads((run / "summary.json").read_text())
+    assert (
+        summary["learning_curves"] == "learning_curves.png"
+        and (run / "learning_curves.png").stat().st_size > 0
+    )
+    assert main(["campaign", "--out", str(run), "--status"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert set(STAGES) <= set(status["stages_done"])
+    for method in METHODS:
+        assert status["training"][method]["step"] == 2 and status["training"][method]["finished"]
+        assert status["training"][method]["latest_checkpoint"]

@@ -41,6 +41,9 @@ def add_campaign_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=int, default=None, help="regenerate only the first N training prompts")
     p.add_argument("--eval-prompts", type=int, default=None, help="prompts per evaluation set")
     p.add_argument("--eval-max-tokens", type=int, default=None, help="tokens per evaluation answer")
+    p.add_argument(
+        "--status", action="store_true", help="print where the campaign in --out stands (runs nothing)"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars (stage lines still print)")
 
 
@@ -57,6 +60,16 @@ def main_campaign(args: argparse.Namespace) -> int:
     from dspark.campaign.pipeline import run_campaign
     from dspark.campaign.plan import METHODS, PLANS
 
+    out = args.out or default_root() / args.target
+    if args.status:
+        from dspark.campaign.progress import status
+
+        if not out.is_dir():
+            raise DsparkError(
+                f"no campaign at {out}; start one with `dspark campaign --target {args.target}`"
+            )
+        print(json.dumps(status(out), indent=1))
+        return 0
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:
@@ -73,7 +86,6 @@ def main_campaign(args: argparse.Namespace) -> int:
         if v is not None
     }
     plan = dataclasses.replace(plan, **changes)
-    out = args.out or default_root() / args.target
     summary = run_campaign(
         plan,
         out,

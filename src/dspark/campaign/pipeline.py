@@ -25,6 +25,7 @@ from typing import Any
 
 from dspark.campaign.plan import METHODS, CampaignPlan
 from dspark.campaign.plateau import plateaued
+from dspark.campaign.progress import plot_learning_curves
 from dspark.drafters.folder import file_sha256
 from dspark.errors import DsparkError
 from dspark.quickstart.stages import Stages
@@ -189,7 +190,7 @@ class Campaign:
                 save_every=p.save_every,
                 keep_last=2,
                 log_every=p.log_every,
-                eval_every=10 * p.save_every,
+                eval_every=5 * p.save_every,
                 progress=self.progress,
             )
             stop = PlateauStop(
@@ -280,5 +281,8 @@ def run_campaign(
     evaluated = campaign.evaluate(trained)
     summary = {"plan": plan.part(*plan.__dataclass_fields__), "data": data, "cache": cache}
     summary |= {"trained": trained, "eval": evaluated, "seconds": round(time.perf_counter() - started, 1)}
+    tokens_per_step = plan.batch_size * cache["tokens"] / max(cache["samples"], 1)
+    plot = plot_learning_curves(out, tokens_per_step, out / "learning_curves.png")
+    summary["learning_curves"] = str(plot.relative_to(out)) if plot else None
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
