@@ -145,8 +145,8 @@ class Quickstart:
         def run() -> dict[str, Any]:
             import dataclasses
 
+            from dspark.data.samples import read_jsonl, tokenize_records
             from dspark.presets import drafters as presets
-            from dspark.training.data import read_jsonl, tokenize_records
             from dspark.training.fresh import train_new_drafter
             from dspark.training.trainer import TrainConfig
 
@@ -216,7 +216,7 @@ class Quickstart:
         saved = self.out / "drafters" / CALIBRATED
 
         def run() -> dict[str, Any]:
-            from dspark.calibration.commands import calibrate_drafter
+            from dspark.eval.calibrate import calibrate_drafter
 
             benches = self._builtin(skip=p.eval_prompts, count=p.calib_prompts)
             summary = calibrate_drafter(
