@@ -50,8 +50,8 @@ def layer_of() -> dict[str, int]:
     return {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
 
 
-def package_of(path: Path) -> str:
-    parts = path.relative_to(ROOT).parts
+def package_of(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root).parts
     return parts[0] if len(parts) > 1 else parts[0].removesuffix(".py")
 
 
@@ -69,7 +69,7 @@ def collect_edges(root: Path = ROOT) -> dict[tuple[str, str], list[str]]:
     """``(importer, imported) -> ["file:line", ...]`` for every cross-package import."""
     edges: dict[tuple[str, str], list[str]] = defaultdict(list)
     for path in sorted(root.rglob("*.py")):
-        src = package_of(path)
+        src = package_of(path, root)
         for line, module in imported_modules(ast.parse(path.read_text(), str(path))):
             parts = module.split(".")
             if parts[0] != "dspark" or len(parts) < 2:

@@ -47,7 +47,6 @@ from dspark.protocols import SamplingParams
 log = logging.getLogger(__name__)
 
 
-
 @dataclass(frozen=True)
 class Answer:
     """One assistant turn as a backend produced it."""

@@ -95,7 +95,9 @@ class Engine:
         self.decode = decode
         self.estimator = ConfidenceEstimator(max(config.block_size, 1))
         self.stats = EngineStats()
-        self._needs_features = drafter is not None and len(drafter.target_layer_ids) > 0
+        # The drafter's feature layers go to every forward as an argument (checked to exist here).
+        self._layer_ids = target.feature_layers(drafter.target_layer_ids) if drafter is not None else ()
+        self._needs_features = len(self._layer_ids) > 0
         self._queue: deque[Request] = deque()
         self._active: list[Request] = []  # requests holding a KV slot, in admission order
         self._finished: dict[int, Request] = {}
@@ -205,7 +207,10 @@ class Engine:
             runs,
             logits_at=torch.arange(num_decode_rows),
             with_features=self._needs_features,
+            layer_ids=self._layer_ids,
         )
+        # A drafter fed other layers than it reads would silently lose its acceptance.
+        assert not self._needs_features or out.layer_ids == self._layer_ids, (out.layer_ids, self._layer_ids)
         self.stats.forward_s += time.perf_counter() - forward_started
 
         prefill_offset = num_decode_rows

@@ -141,13 +141,6 @@ def block_size_of(drafter: Drafter | None, config: EvalConfig) -> int:
     return int(getattr(drafter, "block_size", DEFAULT_BLOCK_SIZE))
 
 
-def _use_feature_layers(target: TargetAdapter, drafter: Drafter | None) -> None:
-    """Drafters may read different target layers; the adapter computes the current one's."""
-    ids = tuple(getattr(drafter, "target_layer_ids", ()) or ())
-    if ids and ids != tuple(target.target_layer_ids):
-        target.target_layer_ids = ids
-
-
 def _answer(
     target: TargetAdapter,
     drafter: Drafter | None,
@@ -279,7 +272,6 @@ def run_eval(
     # One short untimed answer per method first: lazy initialisation must not bill the first one.
     warmup = benchmarks[0].prompts[0]
     for drafter in methods.values():
-        _use_feature_layers(target, drafter)
         _answer(target, drafter, warmup, 0, config, _Tally(), max_tokens=min(8, config.max_tokens))
 
     total = sum(len(b.prompts) for b in benchmarks) * len(methods)
@@ -291,7 +283,6 @@ def run_eval(
             for i, prompt in enumerate(bench.prompts):
                 for name, drafter in methods.items():
                     bar.set_postfix_str(f"{bench.name} · {name}", refresh=False)
-                    _use_feature_layers(target, drafter)
                     _answer(target, drafter, prompt, i, config, tallies[name])
                     bar.update(1)
             plain = tallies.get(PLAIN)

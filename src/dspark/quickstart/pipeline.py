@@ -81,7 +81,6 @@ class Quickstart:
         self.progress = progress
         self.stages = Stages(out, announce=announce)
         self.target = TargetAdapter.from_pretrained(str(tiny_target_dir()))
-        self.default_layers = tuple(self.target.target_layer_ids)
         self.target_id = _sha256(tiny_target_dir() / "model.safetensors")
 
     # -- 1. data ------------------------------------------------------------------------------
@@ -151,7 +150,6 @@ class Quickstart:
             from dspark.training.trainer import TrainConfig
 
             config = dataclasses.replace(getattr(presets, f"{method}_tiny")(), block_size=p.block_size)
-            self.target.target_layer_ids = self.default_layers
             samples = tokenize_records(
                 read_jsonl(self.out / data["answers"]), self.target.tokenizer, max_length=p.max_length
             )
