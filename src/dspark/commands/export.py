@@ -46,16 +46,15 @@ def main_export(args: argparse.Namespace) -> int:
     from dspark.commands.loading import drafter_folder
     from dspark.drafters.export import DTYPES, SERVE_NAME, export_drafter
     from dspark.drafters.folder import EXPORT_MANIFEST
-    from dspark.drafters.kinds import KINDS
     from dspark.drafters.registry import build_drafter
     from dspark.presets.tiny import resolve_target
+    from dspark.protocols import TrainableDrafter
     from dspark.targets import TargetAdapter
 
     target_name = resolve_target(args.target)
     target = TargetAdapter.from_pretrained(target_name)
     drafter = build_drafter(args.drafter, target)
-    trainable = tuple(kind.config_cls for kind in KINDS.values())
-    if not isinstance(getattr(drafter, "config", None), trainable):
+    if not isinstance(drafter, TrainableDrafter):
         raise DsparkError(f"{args.drafter!r} has no weights to export; give a trained drafter or its folder")
     source = drafter_folder(args.drafter)
     out = export_drafter(

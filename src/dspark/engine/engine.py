@@ -53,6 +53,7 @@ from dspark.scheduler import (
     parse_policy,
     peak_features,
     schedule,
+    stale_history,
 )
 from dspark.targets import TargetAdapter
 from dspark.targets.paged import KVStore, Run, flat_forward
@@ -317,11 +318,10 @@ class Engine:
             if req.id in drafting:
                 req.confidence_history.append((step, confidences[i].clone()))
         stale = stale_caps = None
-        if self.policy.kind == "prefix-async":
+        if self.policy.rule.reads_history:
             prior = self.estimator.position_rates()[:K].double()
-            stale = torch.stack(
-                [_fit(r.stale_confidences(step, self.policy.lag), prior, K) for r in decoding]
-            )  # [R, K], nothing from this step
+            histories = [r.confidence_history for r in decoding]
+            stale = stale_history(histories, step, self.policy.lag, prior, K)  # [R, K], none from now
             stale_caps = torch.where(has, budget, 0)  # known before drafting
         return schedule(
             self.policy,
@@ -434,12 +434,3 @@ class Engine:
         if req in self._active:
             self._active.remove(req)
         self._finished[req.id] = req
-
-
-def _fit(row: Tensor | None, prior: Tensor, K: int) -> Tensor:
-    """A stale confidence row resized to K positions; missing positions come from the prior."""
-    out = prior[:K].clone()
-    if row is not None:
-        n = min(K, row.shape[0])
-        out[:n] = row[:n]
-    return out

@@ -38,7 +38,6 @@ from dspark.targets import TargetAdapter
 log = logging.getLogger(__name__)
 
 PLAIN = "none"  # the registry's name for plain decoding: the speedup baseline
-DEFAULT_BLOCK_SIZE = 7
 
 
 # -- configuration and results ----------------------------------------------------------------
@@ -138,7 +137,7 @@ def block_size_of(drafter: Drafter | None, config: EvalConfig) -> int:
         return 0
     if config.block_size is not None:
         return config.block_size
-    return int(getattr(drafter, "block_size", DEFAULT_BLOCK_SIZE))
+    return int(drafter.block_size)
 
 
 def _answer(
