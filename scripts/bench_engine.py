@@ -19,13 +19,13 @@ from dspark.data.prompts import load_prompts
 from dspark.decoding import speculative_generate
 from dspark.drafters.ngram import NgramDrafter
 from dspark.engine import Engine, EngineConfig
-from dspark.engine.bench import engine_overhead, flat_vs_padded, random_prompts
 from dspark.engine.profile import profile_sps
-from dspark.eval.decode_bench import chat_prompt_ids
+from dspark.engine.step_costs import engine_overhead, flat_vs_padded, random_prompts
+from dspark.eval.decode_speed import chat_prompt_ids
 from dspark.presets.tiny import resolve_target
 from dspark.protocols import SamplingParams
 from dspark.targets import TargetAdapter
-from dspark.targets.paged import KVStore
+from dspark.targets.flat import KVStore
 from dspark.tiny.build import TinyTargetConfig, model_config
 
 

@@ -103,6 +103,13 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+def acceptance_length(accepted: float, rounds: float) -> float:
+    """τ (SPEC §2), the one definition: tokens emitted per round, bonus included, i.e.
+    ``(accepted drafts + rounds) / rounds`` — each round emits its accepted drafts plus one
+    recovered or bonus token; 0.0 for no rounds."""
+    return (accepted + rounds) / rounds if rounds else 0.0
+
+
 @runtime_checkable
 class Drafter(Protocol):
     """What the decoding loop needs from a drafter (SPEC §5).
@@ -175,9 +182,7 @@ class GenerationResult:
     @property
     def tau(self) -> float:
         """Acceptance length τ: tokens emitted per round, bonus included (SPEC §2)."""
-        if not self.rounds:
-            return 0.0
-        return sum(r.accepted + 1 for r in self.rounds) / len(self.rounds)
+        return acceptance_length(sum(r.accepted for r in self.rounds), len(self.rounds))
 
     @property
     def tokens_per_s(self) -> float:

@@ -1,8 +1,8 @@
 """``dspark bench decode|target|markov-overhead|serve``: the measuring commands.
 
 Each prints ratios against a baseline run in the same process (the machine is noisy);
-the measuring itself lives in :mod:`dspark.eval.decode_bench`, :mod:`dspark.eval.target_report`,
-:mod:`dspark.eval.overhead` and :mod:`dspark.server.bench`.
+the measuring itself lives in :mod:`dspark.eval.decode_speed`, :mod:`dspark.eval.target_report`,
+:mod:`dspark.eval.overhead` and :mod:`dspark.server.load`.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def main_bench_decode(args: argparse.Namespace) -> int:
     from dspark.commands.loading import load_target
     from dspark.data.prompts import load_prompts
     from dspark.drafters.registry import build_drafter
-    from dspark.eval.decode_bench import batch1_engine, bench_decode, verify_cost_ratio
+    from dspark.eval.decode_speed import batch1_engine, bench_decode, verify_cost_ratio
 
     target = load_target(args.target)
     drafters = {name: build_drafter(name, target) for name in args.drafters.split(",")}
@@ -191,7 +191,7 @@ def main_bench_serve(args: argparse.Namespace) -> int:
     from dspark.commands.loading import load_target
     from dspark.data.prompts import load_prompts
     from dspark.drafters.registry import build_drafter
-    from dspark.server.bench import bench_serve, plot_load
+    from dspark.server.load import bench_serve, plot_load
 
     try:
         concurrencies = sorted({int(c) for c in args.concurrency.split(",")})

@@ -32,7 +32,7 @@ def main_profile(args: argparse.Namespace) -> int:
     from dspark.commands.loading import load_target
     from dspark.engine.config import DEFAULT_MAX_SEQ_LEN
     from dspark.engine.profile import default_profile_path, profile_sps
-    from dspark.targets.paged import KVStore
+    from dspark.targets.flat import KVStore
 
     target = load_target(args.target)
     capacity = min(args.max_seq_len or DEFAULT_MAX_SEQ_LEN, target.max_context)

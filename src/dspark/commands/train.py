@@ -97,11 +97,12 @@ def _drafter_config(method: str, preset: str | None, tiny: bool):
 
 
 def _online_eval(target, prompt_specs: str, count: int = 6, max_tokens: int = 48):
-    """Real τ on a few held-out prompts at temperature 1 with fixed seeds (SPEC §6)."""
+    """Real τ on a few held-out prompts at temperature 1 with fixed seeds (SPEC §6), each
+    decoded alone through the engine as ``dspark eval`` decodes it."""
     from dspark.data.chat import prompt_ids as first_turn_ids
     from dspark.data.prompts import load_prompts
-    from dspark.decoding import speculative_generate
-    from dspark.protocols import SamplingParams
+    from dspark.eval.engine_answer import engine_answer
+    from dspark.protocols import SamplingParams, acceptance_length
 
     per_set = max(1, count // len(prompt_specs.split(",")))
     prompts = [p for spec in prompt_specs.split(",") for p in load_prompts(spec, per_set)]
@@ -111,10 +112,10 @@ def _online_eval(target, prompt_specs: str, count: int = 6, max_tokens: int = 48
         rounds = accepted = 0
         for i, prompt_ids in enumerate(ids):
             params = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=i)
-            result = speculative_generate(target, drafter, prompt_ids, params, block_size=drafter.block_size)
+            result = engine_answer(target, drafter, prompt_ids, params, block_size=drafter.block_size).result
             rounds += len(result.rounds)
             accepted += sum(r.accepted for r in result.rounds)
-        return {"tau": (accepted + rounds) / max(rounds, 1)}
+        return {"tau": acceptance_length(accepted, rounds)}
 
     return evaluate
 

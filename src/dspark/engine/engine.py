@@ -12,7 +12,7 @@ One :meth:`Engine.step`:
 4. **schedule**: the policy turns confidences (the drafter's, or the online estimator's)
    into per-request verification lengths ``ℓ_r`` (``scheduler/policies.py``);
 5. **one target forward** over the flattened runs — each decoding request's anchor and
-   ``ℓ_r`` drafts, each prefill chunk (``targets/paged.py``);
+   ``ℓ_r`` drafts, each prefill chunk (``targets/flat.py``);
 6. **verify** by rejection sampling (``sampling/rejection.py``), per-request RNGs;
 7. **commit / roll back** each request's KV to anchor + accepted drafts, cut at EOS /
    ``max_tokens`` / stop strings (``decoding/stopping.py``), stream the tokens, free the
@@ -56,7 +56,7 @@ from dspark.scheduler import (
     stale_history,
 )
 from dspark.targets import TargetAdapter
-from dspark.targets.paged import KVStore, Run, flat_forward
+from dspark.targets.flat import KVStore, Run, flat_forward
 
 logger = logging.getLogger(__name__)
 

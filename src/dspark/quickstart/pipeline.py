@@ -301,7 +301,7 @@ class Quickstart:
 
         def run() -> dict[str, Any]:
             from dspark.drafters.folder import load_drafter
-            from dspark.server.bench import bench_serve, plot_load
+            from dspark.server.load import bench_serve, plot_load
 
             drafter = load_drafter(self.out / dspark["drafter"], self.target)
             sets = [[pr.turns[0] for pr in b.prompts] for b in self._builtin(skip=0, count=40)]
