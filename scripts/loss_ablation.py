@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 import torch
-from dspark.training.data import tokenize_records
+from dspark.data.samples import tokenize_records
 
 from dspark.drafters.objective import ObjectiveConfig
 from dspark.eval.benchmarks import load_benchmark
