@@ -17,8 +17,8 @@ import json
 from pathlib import Path
 
 import torch
-from dspark.data.samples import tokenize_records
 
+from dspark.data.samples import tokenize_records
 from dspark.drafters.objective import ObjectiveConfig
 from dspark.eval.benchmarks import load_benchmark
 from dspark.eval.report import write_eval_report

@@ -10,7 +10,8 @@ from dspark.commands.options import add_target
 from dspark.drafters.registry import TRAINABLE
 from dspark.errors import DsparkError
 
-FORMATS = ("vllm", "sglang", "hf")  # drafters/export.py checks that it writes exactly these
+# Light copies, so that the parser needs no torch; a test pins them to drafters.export's.
+FORMATS = ("vllm", "sglang", "speculators", "hf")  # drafters.export.FORMATS
 DTYPE_NAMES = ("bf16", "fp16", "fp32")  # the keys of drafters.export.DTYPES
 
 
@@ -20,8 +21,10 @@ def add_export_args(p: argparse.ArgumentParser) -> None:
         required=True,
         choices=FORMATS,
         dest="fmt",
-        help="vllm / sglang: the layout those engines load (DeepSpec's for DSpark/DFlash, "
-        "LlamaForCausalLMEagle3 for Eagle3); hf: our own folder layout",
+        help="vllm: for `vllm serve TARGET --speculative-config` (method dspark or eagle3); "
+        "speculators: for `vllm serve FOLDER`; sglang: for --speculative-algorithm DSPARK/EAGLE3 "
+        "(with its STS JSON); hf: our own folder, DeepSpec's layout for DSpark/DFlash. "
+        "What an engine cannot represent is refused with the reason",
     )
     p.add_argument(
         "--drafter",
@@ -39,33 +42,42 @@ def add_export_args(p: argparse.ArgumentParser) -> None:
         "--dtype", choices=sorted(DTYPE_NAMES), default="bf16", help="weight dtype (default: bf16)"
     )
     p.add_argument("--force", action="store_true", help="replace an existing drafter folder at --out")
+    p.add_argument(
+        "--sps-table",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="--format sglang only: an SPS(B) table measured on the serving machine (ours from "
+        "`dspark profile`, or SGLang's), written as sglang_sps_table.json for its DSpark scheduler",
+    )
 
 
 def main_export(args: argparse.Namespace) -> int:
     """Export a drafter for vLLM, SGLang or HF, validated by re-loading it; SERVE.md has the commands."""
     from dspark.commands.loading import drafter_folder
-    from dspark.drafters.export import DTYPES, SERVE_NAME, export_drafter
+    from dspark.drafters.export import DTYPES, SERVE_NAME, export_drafter, read_sps_table
     from dspark.drafters.folder import EXPORT_MANIFEST
     from dspark.drafters.registry import build_drafter
     from dspark.presets.tiny import resolve_target
     from dspark.protocols import TrainableDrafter
     from dspark.targets import TargetAdapter
 
+    sps_table = read_sps_table(args.sps_table) if args.sps_table is not None else None
     target_name = resolve_target(args.target)
     target = TargetAdapter.from_pretrained(target_name)
     drafter = build_drafter(args.drafter, target)
     if not isinstance(drafter, TrainableDrafter):
         raise DsparkError(f"{args.drafter!r} has no weights to export; give a trained drafter or its folder")
-    source = drafter_folder(args.drafter)
     out = export_drafter(
         drafter,
         target,
         args.out,
         fmt=args.fmt,
         dtype=DTYPES[args.dtype],
-        source=source,
+        source=drafter_folder(args.drafter),
         target_name=target_name,
         force=args.force,
+        sps_table=sps_table,
     )
     manifest = json.loads((out / EXPORT_MANIFEST).read_text())
     print(json.dumps({"out": str(out), "serve": str(out / SERVE_NAME), **manifest}, indent=2))
