@@ -341,6 +341,25 @@ class DrafterCache:
     generator: torch.Generator | None  # seeded from SamplingParams.seed, else None
 
 
+def request_cache(
+    state, params: SamplingParams, num_layers: int, dims: DecoderDims, like: Tensor
+) -> DrafterCache:
+    """``state.drafter_cache``, created on a request's first proposal: empty context K/V for
+    ``num_layers`` draft layers (dtype and device of ``like``) and the request's generator."""
+    if state.drafter_cache is None:
+        context = ContextKV(
+            num_layers, dims.num_kv_heads, dims.head_dim, dtype=like.dtype, device=like.device
+        )
+        state.drafter_cache = DrafterCache(context=context, generator=request_generator(params, like.device))
+    return state.drafter_cache
+
+
+def scaled_embedding(embed_tokens: nn.Embedding, ids: Tensor, dims: DecoderDims) -> Tensor:
+    """Token embeddings ``[...] → [..., H]``, scaled like the target's (Gemma's √H)."""
+    e = embed_tokens(ids)
+    return e * dims.embed_scale if dims.embed_scale != 1.0 else e
+
+
 def batch_context(caches: list[ContextKV]) -> tuple[Tensor, Tensor]:
     """R requests' context K/V right-padded, ``[n_layers, 2, R, nkv, Cmax, hd]``, and lengths ``[R]``."""
     views = [c.view() for c in caches]
