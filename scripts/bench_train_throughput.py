@@ -40,11 +40,11 @@ def child(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(1)
+    from dspark.data.samples import TrainDataset, tokenize_records
     from dspark.presets import drafters as presets
     from dspark.presets.tiny import resolve_target
     from dspark.targets import TargetAdapter
     from dspark.tiny.corpus import training_records
-    from dspark.training.data import TrainDataset, tokenize_records
     from dspark.training.fresh import train_new_drafter
     from dspark.training.trainer import TrainConfig
 

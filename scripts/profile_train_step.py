@@ -37,13 +37,13 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
+    from dspark.data.samples import collate, tokenize_records
     from dspark.drafters.kinds import KINDS
     from dspark.presets import drafters as presets
     from dspark.presets.tiny import resolve_target
     from dspark.targets import TargetAdapter
     from dspark.tiny.corpus import training_records
     from dspark.training import online
-    from dspark.training.data import collate, tokenize_records
 
     for method in args.drafters.split(","):
         config = getattr(presets, f"{method}_tiny")()
@@ -83,8 +83,10 @@ def main() -> None:
                     opt.zero_grad(set_to_none=True)
             tokens += sum(len(s.input_ids) for s in samples)
         total = statistics.mean(acc["total"])
-        print(f"\n### {method} (micro-batch {args.micro_batch_size}, {args.num_anchors} anchors, "
-              f"{args.threads} thread(s)): {tokens / sum(acc['total']) * 1000:.0f} tokens/s")
+        print(
+            f"\n### {method} (micro-batch {args.micro_batch_size}, {args.num_anchors} anchors, "
+            f"{args.threads} thread(s)): {tokens / sum(acc['total']) * 1000:.0f} tokens/s"
+        )
         print("| stage | ms | share |\n|---|---:|---:|")
         for name, values in acc.items():
             m = statistics.mean(values)

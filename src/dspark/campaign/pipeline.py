@@ -140,7 +140,7 @@ class Campaign:
 
         def run() -> dict[str, Any]:
             from dspark.data.cache_build import CacheBuildConfig, build_cache
-            from dspark.training.data import read_jsonl
+            from dspark.data.samples import read_jsonl
 
             config = CacheBuildConfig(
                 dtype=p.cache_dtype, max_length=p.max_length, overwrite=True, progress=self.progress
@@ -169,9 +169,9 @@ class Campaign:
 
         def run() -> dict[str, Any]:
             from dspark.data.cache import FeatureCache
+            from dspark.data.samples import TrainDataset
+            from dspark.eval.online import online_tau_eval
             from dspark.presets import drafters as presets
-            from dspark.training.commands import _online_eval
-            from dspark.training.data import TrainDataset
             from dspark.training.fresh import train_new_drafter
             from dspark.training.trainer import TrainConfig
 
@@ -207,7 +207,7 @@ class Campaign:
                 folder,
                 feature_cache=features,
                 stop=stop,
-                online_eval=_online_eval(self.target, ",".join(p.eval_sets)),
+                online_eval=online_tau_eval(self.target, ",".join(p.eval_sets)),
             )
             last = _last_record(run_dir / "metrics.jsonl")
             return {

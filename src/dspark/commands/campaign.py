@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+from dspark.commands.options import add_no_progress
 from dspark.errors import DsparkError
 
 
@@ -44,7 +45,7 @@ def add_campaign_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--status", action="store_true", help="print where the campaign in --out stands (runs nothing)"
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bars (stage lines still print)")
+    add_no_progress(p, help="no progress bars (stage lines still print)")
 
 
 def main_campaign(args: argparse.Namespace) -> int:
