@@ -48,6 +48,8 @@ LIMITS: dict[str, list[str]] = {
     "bench decode": ["--limit", "1", *FAST],
     "bench target": ["--limit", "1", "--samples", "1", *FAST],
     "bench markov-overhead": ["--batch", "1", "--repeats", "1"],
+    "campaign": ["--prompts", "4", "--epochs", "1", "--eval-prompts", "1", "--eval-max-tokens", "8",
+                 "--no-progress"],
 }  # fmt: skip
 SERVE_LIMITS = ["--max-batch", "2", "--max-seq-len", "256"]
 
@@ -74,8 +76,18 @@ class Line:
     text: str
 
 
+def _foreground(words: list[str]) -> list[str]:
+    """``nohup CMD > log 2>&1 &`` → ``CMD``: a background command is run in the foreground here."""
+    if words[:1] != ["nohup"] or words[-1:] != ["&"]:
+        return words
+    words = words[1:-1]
+    cut = next((i for i, w in enumerate(words) if w.startswith(">") or w[:1].isdigit() and ">" in w), None)
+    return words if cut is None else words[:cut]
+
+
 def readme_commands(text: str) -> list[Line]:
-    """The command lines of the README's bash blocks: continuations joined, `&&` split, comments cut."""
+    """The command lines of the README's bash blocks: continuations joined, `&&` split, comments cut,
+    ``nohup … &`` run in the foreground."""
     lines, section = [], ""
     for block in re.finditer(r"^## ([^\n]*)$|^```bash\n(.*?)^```", text, flags=re.M | re.S):
         if block.group(1) is not None:
@@ -86,7 +98,7 @@ def readme_commands(text: str) -> list[Line]:
             words = shlex.split(raw, comments=True)
             if not words or re.fullmatch(r"[A-Z_]+=\S+", words[0]) and len(words) == 1:
                 continue  # blank, comment, or a shell variable assignment
-            command = " ".join(shlex.quote(w) for w in words)
+            command = " ".join(shlex.quote(w) for w in _foreground(words))
             lines += [Line(section, part.strip()) for part in command.split(" '&&' ")]
     return lines
 
@@ -98,6 +110,9 @@ def skip_reason(line: Line) -> str | None:
 
 
 def _verb(words: list[str]) -> str:
+    """The verb after `dspark` and its global options (`--threads N`, `-v`)."""
+    while words and words[0] in ("--threads", "-v", "--verbose"):
+        words = words[2:] if words[0] == "--threads" else words[1:]
     two = " ".join(words[:2])
     return two if two in LIMITS or two == "serve" else words[0]
 
@@ -153,8 +168,10 @@ def _serve(words: list[str], cwd: Path, env: dict[str, str]) -> None:
 def test_every_readme_command_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path))  # SPS profiles go to ~/.cache/dspark
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / ".cache"))  # and campaigns to $XDG_CACHE_HOME/dspark
     env = {k: v for k, v in os.environ.items()} | {
         "HOME": str(tmp_path),
+        "XDG_CACHE_HOME": str(tmp_path / ".cache"),
         "PYTHONPATH": os.pathsep.join(sys.path),
     }
     ran, skipped = [], []
@@ -183,7 +200,16 @@ def test_every_readme_command_runs(tmp_path, monkeypatch, capsys):
             print(f"\n  skipped ({reason}): {text}", end="")
         print()
     verbs = {_verb(shlex.split(t)[1:]) for t, _ in ran}
-    assert {"generate", "data regenerate", "train", "calibrate", "eval", "serve", "export"} <= verbs
+    assert {
+        "generate",
+        "data regenerate",
+        "train",
+        "calibrate",
+        "eval",
+        "serve",
+        "export",
+        "campaign",
+    } <= verbs
     assert all(reason for _, reason in skipped)
 
 
@@ -197,6 +223,10 @@ def test_every_readme_command_runs(tmp_path, monkeypatch, capsys):
         ("dspark eval --bench math \\\n  --limit 2  # a comment", ["dspark eval --bench math --limit 2"]),
         ("T=Qwen/Qwen3-8B       # or a local folder", []),
         ('dspark generate --prompt "..." --json', ["dspark generate --prompt ... --json"]),
+        (
+            "nohup dspark --threads 1 campaign --target tiny > campaign.log 2>&1 &",
+            ["dspark --threads 1 campaign --target tiny"],
+        ),
     ],
 )
 def test_extraction(text, expected):

@@ -34,6 +34,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from dspark.drafters.common import build_from_target
 from dspark.drafters.kinds import DrafterKind, kind_of_config, kind_of_folder_config
 from dspark.errors import DsparkError
 from dspark.heads.rnn import upgrade_rnn_keys
@@ -226,9 +227,9 @@ def load_drafter(folder: str | Path, target: TargetAdapter, *, block_size: int |
     """Load a drafter folder for ``target``, validating everything (module docstring).
 
     ``block_size``, when given, must equal the drafter's (a drafter trained for γ
-    slots predicts positions anchor+1..anchor+γ and nothing else). When the drafter
-    reads other feature layers than the adapter computes, the adapter is switched to
-    the drafter's layers (they were validated to exist).
+    slots predicts positions anchor+1..anchor+γ and nothing else). The drafter may read
+    other feature layers than the adapter's default (they were validated to exist): the
+    target is not changed, every forward gets ``layer_ids=drafter.target_layer_ids``.
     """
     folder = Path(folder)
     raw = _read_config(folder)
@@ -238,12 +239,8 @@ def load_drafter(folder: str | Path, target: TargetAdapter, *, block_size: int |
         raise DrafterLoadError(
             f"{folder}: drafter block_size {raw['block_size']} != the requested {block_size}"
         )
-    ids = tuple(raw["target_layer_ids"])
-    if ids != tuple(target.target_layer_ids):
-        log.info("switching the target's feature layers to the drafter's %s", ids)
-        target.target_layer_ids = validate_layer_ids(ids, target.num_layers)
     config = kind.config_from_fields(raw)
-    drafter = kind.drafter_cls.from_target(target, config)
+    drafter = build_from_target(kind.drafter_cls, target, config, own_layers=True)
     weights = folder / WEIGHTS_NAME
     if not weights.is_file():
         raise DrafterLoadError(f"{folder}: no {WEIGHTS_NAME}")

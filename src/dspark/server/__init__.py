@@ -7,7 +7,7 @@
 - ``responses.py`` / ``textstream.py`` — response bodies, SSE, incremental detokenization;
 - ``errors.py`` — ``{"error": {"message", "type"}}`` for every error, 4xx for bad input;
 - ``metrics.py`` — Prometheus metrics in a registry per app;
-- ``uvicorn_runner.py`` / ``commands.py`` — ``dspark serve``, SIGTERM drains.
+- ``uvicorn_runner.py`` — ``dspark serve`` (wired in :mod:`dspark.commands.serve`), SIGTERM drains.
 
 Nothing is imported here, so that the CLI table can import ``commands`` cheaply.
 """

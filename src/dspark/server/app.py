@@ -14,7 +14,7 @@ batching). A request's path through the app:
    at the next step) and gives its place back.
 
 SIGTERM handling (stop accepting, finish what runs) lives with uvicorn in
-:mod:`dspark.server.commands`; the app only answers 503 once ``state.draining`` is set.
+:mod:`dspark.server.uvicorn_runner`; the app only answers 503 once ``state.draining`` is set.
 """
 
 from __future__ import annotations

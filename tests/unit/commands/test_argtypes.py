@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from dspark.argtypes import count
+from dspark.commands.argtypes import count
 
 
 @pytest.mark.parametrize(
