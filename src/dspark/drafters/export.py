@@ -38,6 +38,7 @@ from torch import nn
 from dspark import __version__
 from dspark.drafters.folder import (
     CONFIG_NAME,
+    DRAFTER_FILES,
     EXPORT_MANIFEST,
     WEIGHTS_NAME,
     _finish,
@@ -47,6 +48,7 @@ from dspark.drafters.folder import (
 )
 from dspark.drafters.kinds import DrafterKind, kind_of_config
 from dspark.errors import DsparkError
+from dspark.output_folders import OutputFolderError, check_replaceable
 from dspark.targets import TargetAdapter
 
 log = logging.getLogger(__name__)
@@ -175,21 +177,16 @@ def serve_instructions(kind: DrafterKind, fmt: str, folder: Path, target_name: s
 # -- export ---------------------------------------------------------------------------------
 
 
-def _check_out(out: Path, force: bool, source: Path | None) -> None:
-    """Never lose data: refuse an existing non-empty ``out`` unless ``force``, and even then
-    replace only a drafter folder that is not the source."""
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise ExportError(f"--out {out} exists and is not a folder")
-    if not any(out.iterdir()):
-        return
-    if not force:
-        raise ExportError(f"--out {out} exists and is not empty; pass --force to replace it")
-    if not (out / CONFIG_NAME).is_file():
-        raise ExportError(f"--out {out} is not a drafter folder; refusing to replace it even with --force")
-    if source is not None and source.resolve().is_relative_to(out.resolve()):  # out itself or a parent
-        raise ExportError(f"--out {out} holds the source drafter {source}; export to another folder")
+def _out_check(force: bool, source: Path | None) -> dict:
+    """Never lose data: an existing non-empty ``out`` is replaced only with ``force``, only when
+    it holds nothing but a drafter folder dspark wrote, and never when it holds the source."""
+    return {
+        "flag": "--out",
+        "inputs": [source],
+        "replace": force,
+        "force_hint": "pass --force to replace it",
+        "legacy_names": DRAFTER_FILES,
+    }
 
 
 def _validate(folder: Path, drafter: nn.Module, target: TargetAdapter, kind: DrafterKind, dtype) -> None:
@@ -230,7 +227,10 @@ def export_drafter(
     kind = kind_of_config(drafter.config)
     out = Path(out).expanduser()
     source_path = Path(source) if source is not None and Path(source).is_dir() else None
-    _check_out(out, force, source_path)
+    try:
+        check_replaceable(out, **_out_check(force, source_path))
+    except OutputFolderError as e:
+        raise ExportError(str(e)) from None
 
     config = drafter_config_json(drafter, target)
     dtype_name = str(dtype).removeprefix("torch.")
@@ -265,4 +265,4 @@ def export_drafter(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     log.info("exported %s drafter for %s to %s", kind.name, fmt, out)
-    return _finish(tmp, out)
+    return _finish(tmp, out, command="export", **_out_check(force, source_path))

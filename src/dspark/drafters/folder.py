@@ -34,6 +34,7 @@ from torch import nn
 
 from dspark.drafters.kinds import DrafterKind, kind_of_config, kind_of_folder_config
 from dspark.errors import DsparkError
+from dspark.output_folders import check_replaceable, publish_folder
 from dspark.targets import TargetAdapter, validate_layer_ids
 
 log = logging.getLogger(__name__)
@@ -77,24 +78,25 @@ def save_drafter(folder: str | Path, drafter: nn.Module, target: TargetAdapter, 
     return _finish(tmp, folder)
 
 
-def _finish(tmp: Path, folder: Path) -> Path:
-    """Make the temp folder readable like any other (mkdtemp makes it 0700), then move it in place."""
-    os.chmod(tmp, 0o755)
-    for f in tmp.iterdir():
-        os.chmod(f, 0o644)
-    if folder.exists():
-        shutil.rmtree(folder)
-    os.replace(tmp, folder)
-    return folder
+# What a drafter folder holds when dspark wrote it (replaceable even without a marker).
+DRAFTER_FILES = (CONFIG_NAME, WEIGHTS_NAME, EXPORT_MANIFEST, "SERVE.md")
+
+
+def _finish(tmp: Path, folder: Path, *, command: str = "save", **check) -> Path:
+    """Move the finished temporary folder in place; an existing ``folder`` is replaced only
+    when it holds nothing but a drafter folder dspark wrote (:mod:`dspark.output_folders`)."""
+    check.setdefault("legacy_names", DRAFTER_FILES)
+    return publish_folder(tmp, folder, command=command, **check)
 
 
 def publish_checkpoint(checkpoint: str | Path, folder: str | Path) -> Path:
     """Copy a training checkpoint's ``config.json`` + ``model.safetensors`` into a drafter folder."""
     checkpoint, folder = Path(checkpoint), Path(folder)
+    check_replaceable(folder, inputs=[checkpoint], legacy_names=DRAFTER_FILES)  # before copying gigabytes
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     for name in (CONFIG_NAME, WEIGHTS_NAME):
         shutil.copyfile(checkpoint / name, tmp / name)
-    return _finish(tmp, folder)
+    return _finish(tmp, folder, command="train", inputs=[checkpoint])
 
 
 def _read_config(folder: Path) -> dict[str, Any]:
@@ -265,4 +267,4 @@ def convert_folder(src: str | Path, dst: str | Path, dtype: torch.dtype) -> Path
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
     save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
     (tmp / CONFIG_NAME).write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
-    return _finish(tmp, dst)
+    return _finish(tmp, dst, command="convert", inputs=[src])
