@@ -77,7 +77,9 @@ def check_replaceable(
             "refusing to replace it: choose another folder or empty it yourself"
         )
     if not replace:
-        raise OutputFolderError(f"{flag} {out} exists and is not empty; {force_hint or 'choose another folder'}")
+        raise OutputFolderError(
+            f"{flag} {out} exists and is not empty; {force_hint or 'choose another folder'}"
+        )
 
 
 def write_marker(folder: Path, command: str) -> None:

@@ -139,9 +139,10 @@ class GenerationResult:
 
     token_ids: list[int]  # generated tokens only
     text: str
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "cancelled" | "error" (the engine failed this request)
     rounds: list[RoundLog] = field(default_factory=list)
     seconds: float = 0.0
+    error: str | None = None  # with finish_reason "error": what went wrong
 
     @property
     def tau(self) -> float:
