@@ -9,7 +9,8 @@
   it is tokenized (:func:`prompt_byte_limit`).
 - **Chat template**: ``chat_template_kwargs`` are variables *for* the target's template;
   keys that would replace the template or change how it is applied
-  (``chat_template``, ``tokenize``, ...) are dropped (:func:`template_variables`).
+  (``chat_template``, ``tokenize``, ...) never reach it: the request is refused with a
+  400 naming them (:func:`template_variables`), before anything is rendered.
 - **Time**: rendering and tokenizing run on a small thread pool, off the event loop,
   and a request whose preparation takes longer than ``prepare_timeout_s`` is answered
   503 (:class:`Preparer`); ``/health`` and the streams keep being served meanwhile.
@@ -18,7 +19,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -26,8 +26,6 @@ from typing import Any, TypeVar
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dspark.server.errors import ApiError, error_response
-
-logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -75,12 +73,15 @@ def default_max_body_bytes(prompt_bytes: int) -> int:
 
 
 def template_variables(kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``chat_template_kwargs`` without the keys that control the template (module docstring)."""
-    kept = {k: v for k, v in (kwargs or {}).items() if k not in TEMPLATE_CONTROL_KEYS}
-    dropped = sorted(set(kwargs or {}) - set(kept))
-    if dropped:
-        logger.info("ignoring chat_template_kwargs that control the template: %s", dropped)
-    return kept
+    """``chat_template_kwargs``, refused (400) if a key would control the template (module docstring)."""
+    control = sorted(set(kwargs or {}) & TEMPLATE_CONTROL_KEYS)
+    if control:
+        raise ApiError(
+            400,
+            f"chat_template_kwargs may not set {', '.join(map(repr, control))}: they control the chat "
+            "template instead of passing variables to it",
+        )
+    return dict(kwargs or {})
 
 
 class Preparer:

@@ -109,8 +109,9 @@ def prepare_chat(
     """
     messages = [{"role": m.template_role, "content": m.text()} for m in req.messages]
     check_prompt_bytes(sum(_utf8_len(m["content"]) for m in messages), max_prompt_bytes, capacity)
+    variables = template_variables(req.chat_template_kwargs)
     try:
-        ids = chat_prompt_ids(tokenizer, messages, template_variables(req.chat_template_kwargs))
+        ids = chat_prompt_ids(tokenizer, messages, variables)
     except DsparkError as e:  # no chat template
         raise ApiError(400, str(e)) from None
     except Exception as e:  # the template (Jinja) or its kwargs failed on this input
