@@ -14,6 +14,8 @@ sha256 of the weights, checked before they are read.
 Loading validates every field against the target and fails loudly on a missing or
 unexpected key or a shape mismatch — never a silent skip or zero-fill: silent
 block-size and LM-head mismatches are the most reported cause of collapsed acceptance.
+Sizes are checked against the safetensors header before anything is built, and
+weights must be finite (:mod:`dspark.drafters.folder_checks`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,14 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from dspark.drafters.common import DecoderDims, resolve_target_fields
+from dspark.drafters.folder_checks import (
+    SIZE_FIELDS,
+    check_config_fields,
+    check_finite,
+    check_weight_shapes,
+    header_shapes,
+)
 from dspark.drafters.kinds import DrafterKind, kind_of_config, kind_of_folder_config
 from dspark.errors import DsparkError
 from dspark.output_folders import check_replaceable, publish_folder
@@ -103,9 +113,14 @@ def _read_config(folder: Path) -> dict[str, Any]:
     if not path.is_file():
         raise DrafterLoadError(f"{folder} is not a drafter folder (no {CONFIG_NAME})")
     try:
-        return json.loads(path.read_text())
+        raw = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise DrafterLoadError(f"{path}: not valid JSON ({e.msg})") from None
+    except UnicodeDecodeError:
+        raise DrafterLoadError(f"{path}: not UTF-8 text") from None
+    if not isinstance(raw, dict):
+        raise DrafterLoadError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+    return raw
 
 
 def _check_against_target(raw: dict[str, Any], kind: DrafterKind, target: TargetAdapter, where: Path) -> None:
@@ -224,21 +239,35 @@ def load_drafter(folder: str | Path, target: TargetAdapter, *, block_size: int |
     folder = Path(folder)
     raw = _read_config(folder)
     kind = kind_of_folder_config(raw, folder)
+    check_config_fields(raw, folder, DrafterLoadError)
     _check_against_target(raw, kind, target, folder)
     if block_size is not None and raw["block_size"] != block_size:
         raise DrafterLoadError(
             f"{folder}: drafter block_size {raw['block_size']} != the requested {block_size}"
         )
-    ids = tuple(raw["target_layer_ids"])
-    if ids != tuple(target.target_layer_ids):
-        log.info("switching the target's feature layers to the drafter's %s", ids)
-        target.target_layer_ids = validate_layer_ids(ids, target.num_layers)
-    config = kind.config_from_fields(raw)
-    drafter = kind.drafter_cls.from_target(target, config)
+    try:
+        config = kind.config_from_fields(raw)
+    except (ValueError, TypeError) as e:
+        raise DrafterLoadError(f"{folder}: malformed drafter config: {e}") from None
     weights = folder / WEIGHTS_NAME
     if not weights.is_file():
         raise DrafterLoadError(f"{folder}: no {WEIGHTS_NAME}")
     _verify_checksums(folder)
+    # Sizes against the file's header before anything is allocated (folder_checks).
+    shapes = _unalias_keys(header_shapes(weights, DrafterLoadError), folder)
+    ids = tuple(raw["target_layer_ids"])
+    if ids != tuple(target.target_layer_ids):
+        log.info("switching the target's feature layers to the drafter's %s", ids)
+        target.target_layer_ids = validate_layer_ids(ids, target.num_layers)
+    check_weight_shapes(
+        shapes,
+        raw["num_hidden_layers"],
+        lambda: kind.drafter_cls(resolve_target_fields(config, target), DecoderDims.from_target(target)),
+        folder,
+        DrafterLoadError,
+        {k: raw[k] for k in SIZE_FIELDS if k in raw},
+    )
+    drafter = kind.drafter_cls.from_target(target, config)
     try:
         state = load_file(str(weights))
     except Exception as e:  # safetensors raises its own error types for corrupt files
@@ -246,6 +275,7 @@ def load_drafter(folder: str | Path, target: TargetAdapter, *, block_size: int |
     state = _unalias_keys(state, folder)
     expected = drafter.state_dict()
     _check_state(state, expected, folder)
+    check_finite(state, folder, DrafterLoadError)
     _check_shared_weights(state, target, folder)
     drafter.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)
     return drafter.eval()
