@@ -82,7 +82,7 @@ def test_a_template_sent_in_chat_template_kwargs_is_refused_without_rendering(ur
         "model": MODEL,
         "messages": [{"role": "user", "content": "Hello"}],
         "max_tokens": 4,
-        "chat_template_kwargs": {"chat_template": LOOPING_TEMPLATE, "tokenize": True},
+        "chat_template_kwargs": {"chat_template": LOOPING_TEMPLATE},
     }
     with HealthProbe(url) as probe, httpx.Client(timeout=10) as c:
         started = time.perf_counter()
