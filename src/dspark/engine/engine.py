@@ -304,12 +304,7 @@ class Engine:
         Sampling from them is undefined, and their confidences would poison the shared
         estimator; every other request of the batch goes on.
         """
-        valid = torch.arange(block.max_len) < block.lengths.cpu().unsqueeze(-1)  # [R, K]
-        mass = block.probs.sum(dim=-1).cpu() if block.probs is not None else torch.ones(valid.shape)  # [R, K]
-        ok = torch.isfinite(mass) & (mass > 0)
-        if block.confidences is not None:
-            ok &= torch.isfinite(block.confidences.cpu())
-        bad = (valid & ~ok).any(dim=-1)  # [R]
+        bad = block.invalid_rows()  # [R]
         if not bool(bad.any()):
             return block, chosen
         for req in (r for r, b in zip(chosen, bad.tolist()) if b):
