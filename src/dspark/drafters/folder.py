@@ -8,8 +8,10 @@ read (``block_size``, ``num_target_layers``, ``target_layer_ids``, ``mask_token_
 ``model.safetensors`` = ``drafter.state_dict()`` with no prefix.
 
 The loader also reads the folders ``dspark export`` writes: vLLM/SGLang name Eagle3's
-single layer ``midlayer`` (read as ``layers.0``), and ``dspark_export.json`` holds the
-sha256 of the weights, checked before they are read.
+single layer ``midlayer`` (read as ``layers.0``), the ``speculators`` format nests the
+layer config under ``transformer_layer_config``, and ``dspark_export.json`` holds the
+sha256 of the weights, checked before they are read. RNN-head checkpoints of older
+versions (``markov_head.rnn_proj.weight``) load with a zero ``joint_proj.bias``.
 
 Loading validates every field against the target and fails loudly on a missing or
 unexpected key or a shape mismatch — never a silent skip or zero-fill: silent
@@ -43,6 +45,7 @@ from dspark.drafters.folder_checks import (
 )
 from dspark.drafters.kinds import DrafterKind, kind_of_config, kind_of_folder_config
 from dspark.errors import DsparkError
+from dspark.heads.rnn import upgrade_rnn_keys
 from dspark.output_folders import check_replaceable, publish_folder
 from dspark.targets import TargetAdapter, validate_layer_ids
 
@@ -67,6 +70,9 @@ def drafter_config_json(drafter: nn.Module, target: TargetAdapter) -> dict[str, 
     out = target.config.to_dict()
     out.pop("architectures", None)
     out.update(kind.config_fields(drafter.config, num_target_layers=target.num_layers))
+    # One attention type per *draft* layer (all full attention), not the target's list:
+    # transformers 5 refuses a config whose layer_types and num_hidden_layers disagree.
+    out["layer_types"] = ["full_attention"] * out["num_hidden_layers"]
     out["architectures"] = [kind.architecture]
     out["dspark_method"] = kind.name
     out["torch_dtype"] = str(next(drafter.parameters()).dtype).removeprefix("torch.")
@@ -120,6 +126,9 @@ def _read_config(folder: Path) -> dict[str, Any]:
         raise DrafterLoadError(f"{path}: not UTF-8 text") from None
     if not isinstance(raw, dict):
         raise DrafterLoadError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+    layer = raw.get("transformer_layer_config")
+    if isinstance(layer, dict):  # the speculators layout: the layer config is nested
+        raw = {**layer, **{k: v for k, v in raw.items() if k != "transformer_layer_config"}}
     return raw
 
 
@@ -228,6 +237,15 @@ def _check_shared_weights(state: dict[str, torch.Tensor], target: TargetAdapter,
             )
 
 
+def _upgraded_shapes(shapes: dict[str, tuple[int, ...]], where: Path) -> dict[str, tuple[int, ...]]:
+    """Header shapes as the legacy-key upgrade will name them (meta tensors: nothing allocated)."""
+    try:
+        meta = upgrade_rnn_keys({k: torch.empty(v, device="meta") for k, v in shapes.items()})
+    except ValueError as e:
+        raise DrafterLoadError(f"{where}: {e}") from None
+    return {k: tuple(v.shape) for k, v in meta.items()}
+
+
 def load_drafter(folder: str | Path, target: TargetAdapter, *, block_size: int | None = None) -> nn.Module:
     """Load a drafter folder for ``target``, validating everything (module docstring).
 
@@ -254,7 +272,7 @@ def load_drafter(folder: str | Path, target: TargetAdapter, *, block_size: int |
         raise DrafterLoadError(f"{folder}: no {WEIGHTS_NAME}")
     _verify_checksums(folder)
     # Sizes against the file's header before anything is allocated (folder_checks).
-    shapes = _unalias_keys(header_shapes(weights, DrafterLoadError), folder)
+    shapes = _upgraded_shapes(_unalias_keys(header_shapes(weights, DrafterLoadError), folder), folder)
     ids = tuple(raw["target_layer_ids"])
     if ids != tuple(target.target_layer_ids):
         log.info("switching the target's feature layers to the drafter's %s", ids)
@@ -273,6 +291,10 @@ def load_drafter(folder: str | Path, target: TargetAdapter, *, block_size: int |
     except Exception as e:  # safetensors raises its own error types for corrupt files
         raise DrafterLoadError(f"{weights}: cannot read weights ({e})") from None
     state = _unalias_keys(state, folder)
+    try:
+        state = upgrade_rnn_keys(state)
+    except ValueError as e:
+        raise DrafterLoadError(f"{folder}: {e}") from None
     expected = drafter.state_dict()
     _check_state(state, expected, folder)
     check_finite(state, folder, DrafterLoadError)
