@@ -15,13 +15,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from dspark.calibration.written import check_save_to, save_calibrated_copy, write_temperatures
 from dspark.errors import DsparkError
 
 POSITIONS_SHOWN = (1, 3, 5, 7)  # the paper's Fig. 6 panels
@@ -72,38 +70,6 @@ def _drafter_folder(spec: str) -> Path:
     if not raw.get("enable_confidence_head"):
         raise DsparkError(f"{folder}: this drafter has no confidence head, so there is nothing to calibrate")
     return folder
-
-
-def write_temperatures(folder: Path, temperatures: tuple[float, ...]) -> None:
-    """Set ``sts_temperatures`` in ``folder/config.json`` atomically; weights are untouched."""
-    path = folder / "config.json"
-    raw = json.loads(path.read_text())
-    raw["sts_temperatures"] = [float(t) for t in temperatures]
-    fd, tmp = tempfile.mkstemp(prefix=".config.", dir=folder)
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(raw, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-
-
-def save_calibrated_copy(folder: Path, save_to: Path, temperatures: tuple[float, ...]) -> Path:
-    """A copy of the drafter folder with the temperatures, at ``save_to``: never replacing a
-    folder dspark did not write, nor one that holds the source (:mod:`dspark.output_folders`)."""
-    from dspark.drafters.folder import DRAFTER_FILES
-    from dspark.output_folders import check_replaceable, publish_folder
-
-    check = {"flag": "--save-to", "inputs": [folder], "legacy_names": DRAFTER_FILES}
-    check_replaceable(save_to, **check)  # before anything is copied
-    save_to.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{save_to.name}.", dir=save_to.parent))
-    try:
-        for name in DRAFTER_FILES:
-            if (folder / name).is_file():
-                shutil.copyfile(folder / name, tmp / name)
-        write_temperatures(tmp, temperatures)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return publish_folder(tmp, save_to, command="calibrate", **check)
 
 
 def _fmt(v: float | None, pct: bool = False) -> str:
@@ -182,10 +148,7 @@ def calibrate_drafter(
     if bins < 1:
         raise DsparkError("--bins must be >= 1")
     if save_to is not None and not dry_run:  # refuse before the (long) decoding, not after
-        from dspark.drafters.folder import DRAFTER_FILES
-        from dspark.output_folders import check_replaceable
-
-        check_replaceable(save_to, flag="--save-to", inputs=[folder], legacy_names=DRAFTER_FILES)
+        check_save_to(folder, save_to)
     drafter = load_drafter(folder, target)
     result = run_eval(target, {"drafter": drafter}, benchmarks, dataclasses.replace(config, baseline=False))
     parts, offset = [], 0
