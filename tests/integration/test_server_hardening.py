@@ -174,8 +174,11 @@ def test_the_api_key_comes_from_a_file_or_the_environment(tmp_path):
     assert resolve_api_key(None, key_file, environ={}) == "s3cret"
     assert resolve_api_key(None, None, environ={API_KEY_ENV: "from-env"}) == "from-env"
     assert resolve_api_key(None, None, environ={}) is None
-    with pytest.raises(DsparkError, match="more than once"):
+    assert resolve_api_key("flag", None, environ={API_KEY_ENV: "from-env"}) == "flag"  # the flag wins
+    with pytest.raises(DsparkError, match="given twice"):
         resolve_api_key("a", key_file, environ={})
+    with pytest.raises(DsparkError, match="empty"):
+        resolve_api_key(None, None, environ={API_KEY_ENV: ""})
     key_file.write_text("  \n")
     with pytest.raises(DsparkError, match="empty"):
         resolve_api_key(None, key_file, environ={})

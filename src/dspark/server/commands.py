@@ -46,7 +46,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         help="require 'Authorization: Bearer KEY' on every route but /health (visible in ps: prefer "
         "--api-key-file or the DSPARK_API_KEY environment variable)",
     )
-    p.add_argument("--api-key-file", default=None, help="read the API key from this file")
+    p.add_argument(
+        "--api-key-file", default=None, help="read the API key from this file (instead of --api-key)"
+    )
     p.add_argument(
         "--max-body-bytes",
         type=positive_int,

@@ -3,7 +3,8 @@
 The model id defaults to the target's folder *name* (or its hub id), never a local
 filesystem path. The API key may come from ``--api-key``, from a file
 (``--api-key-file``: not visible in ``ps``) or from the ``DSPARK_API_KEY`` environment
-variable; an empty key is refused (it would silently turn authentication off).
+variable (used when neither flag is given); an empty key is refused (it would silently
+turn authentication off).
 """
 
 from __future__ import annotations
@@ -34,18 +35,18 @@ def served_model_name(target: str | None, explicit: str | None = None) -> str:
 def resolve_api_key(
     key: str | None, key_file: str | Path | None, environ: Mapping[str, str] = os.environ
 ) -> str | None:
-    """The API key to require, from at most one of its sources; None = no authentication."""
-    sources = {
-        "--api-key": key,
-        "--api-key-file": key_file,
-        API_KEY_ENV: environ.get(API_KEY_ENV),
-    }
-    given = {name: value for name, value in sources.items() if value is not None}
-    if len(given) > 1:
-        raise DsparkError(f"the API key is given more than once ({', '.join(given)}); give it one way")
-    if not given:
+    """The API key to require: ``--api-key`` or ``--api-key-file`` (not both), else the
+    environment variable; None = no authentication."""
+    if key is not None and key_file is not None:
+        raise DsparkError("the API key is given twice (--api-key and --api-key-file); give one")
+    if key is not None:
+        name, value = "--api-key", key
+    elif key_file is not None:
+        name, value = "--api-key-file", str(key_file)
+    elif environ.get(API_KEY_ENV) is not None:
+        name, value = API_KEY_ENV, environ[API_KEY_ENV]
+    else:
         return None
-    ((name, value),) = given.items()
     if name == "--api-key-file":
         try:
             value = Path(value).expanduser().read_text(encoding="utf-8").strip()
