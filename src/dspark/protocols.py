@@ -116,15 +116,25 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+def acceptance_length(accepted: float, rounds: float) -> float:
+    """τ (SPEC §2), the one definition: tokens emitted per round, bonus included, i.e.
+    ``(accepted drafts + rounds) / rounds`` — each round emits its accepted drafts plus one
+    recovered or bonus token; 0.0 for no rounds."""
+    return (accepted + rounds) / rounds if rounds else 0.0
+
+
 @runtime_checkable
 class Drafter(Protocol):
     """What the decoding loop needs from a drafter (SPEC §5).
 
     ``target_layer_ids`` names the target layers whose raw outputs the drafter reads
-    (empty for drafters that need no features, like n-gram lookup).
+    (empty for drafters that need no features, like n-gram lookup); every target forward
+    of a decode is passed them. ``block_size`` is the most drafts one ``propose`` makes
+    (γ), the default verification length of a round.
     """
 
     target_layer_ids: tuple[int, ...]
+    block_size: int
 
     def propose(
         self, states: list[SequenceState], max_len: int, sampling: list[SamplingParams]
@@ -134,6 +144,32 @@ class Drafter(Protocol):
 
     def update(self, state: SequenceState, num_accepted: int, new_features: torch.Tensor | None) -> None:
         """Absorb a verified round: ``state`` already holds the new tokens."""
+        ...
+
+
+@runtime_checkable
+class TrainableDrafter(Drafter, Protocol):
+    """A drafter the trainer can train (SPEC §6): built for a target from a frozen config,
+    it predicts blocks from a :class:`TrainBatch` and scores them with its own objective.
+
+    ``config`` is the frozen config dataclass that :mod:`dspark.drafters.kinds` writes to
+    and reads from ``config.json``; ``loss`` returns a ``dspark.drafters.objective.LossOutput``
+    (``loss`` plus detached metrics).
+    """
+
+    config: Any
+
+    @classmethod
+    def from_target(cls, target: Any, config: Any) -> TrainableDrafter:
+        """A fresh drafter for ``target``: shared embedding and LM head copied and frozen."""
+        ...
+
+    def forward_train(self, batch: TrainBatch) -> TrainOutput:
+        """Block predictions ``[B, A, K, V]`` for the anchors of ``batch``."""
+        ...
+
+    def loss(self, out: TrainOutput) -> Any:
+        """The drafter's training objective on its own predictions."""
         ...
 
 
@@ -160,9 +196,7 @@ class GenerationResult:
     @property
     def tau(self) -> float:
         """Acceptance length τ: tokens emitted per round, bonus included (SPEC §2)."""
-        if not self.rounds:
-            return 0.0
-        return sum(r.accepted + 1 for r in self.rounds) / len(self.rounds)
+        return acceptance_length(sum(r.accepted for r in self.rounds), len(self.rounds))
 
     @property
     def tokens_per_s(self) -> float:

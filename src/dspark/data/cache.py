@@ -362,12 +362,12 @@ class FeatureCache:
         )
 
     def token_samples(self) -> list:
-        """The cached ids and loss masks as :class:`~dspark.training.data.TrainSample` s, in order.
+        """The cached ids and loss masks as :class:`~dspark.data.samples.TrainSample` s, in order.
 
         Wrap them in a ``TrainDataset`` to drive the sampler: its fingerprint equals the
         one of the records the cache was built from.
         """
-        from dspark.training.data import TrainSample
+        from dspark.data.samples import TrainSample
 
         out = []
         for i in range(len(self)):

@@ -246,18 +246,22 @@ def init_weights(module: nn.Module, std: float) -> None:
 # -- the target's shared pieces ---------------------------------------------------------
 
 
-def resolve_target_fields(config, target):
+def resolve_target_fields(config, target, *, own_layers: bool = False):
     """``config`` with ``target_layer_ids`` and ``mask_token_id`` filled in from ``target``.
 
-    ``None`` means "the target's": its adapter's feature layers, its tokenizer's mask
-    token. Given values must agree with the adapter, whose forward produces the features
-    the drafter reads (fail loudly rather than read the wrong layers).
+    ``None`` means "the target's": its adapter's default feature layers, its tokenizer's
+    mask token. For a drafter about to be trained, given layers must agree with the
+    adapter, whose default forward produces the training features (fail loudly rather
+    than train on the wrong layers). A trained drafter (``own_layers``, from its folder)
+    keeps its own layers, checked to exist: inference passes them to every forward.
     """
     changes = {}
     if hasattr(config, "target_layer_ids"):
         ids = config.target_layer_ids
         if ids is None:
             changes["target_layer_ids"] = tuple(target.target_layer_ids)
+        elif own_layers:
+            target.feature_layers(ids)  # raises ValueError naming ids the target lacks
         elif tuple(ids) != tuple(target.target_layer_ids):
             raise ValueError(
                 f"drafter target_layer_ids {tuple(ids)} != the adapter's {tuple(target.target_layer_ids)}: "
@@ -337,6 +341,25 @@ class DrafterCache:
     generator: torch.Generator | None  # seeded from SamplingParams.seed, else None
 
 
+def request_cache(
+    state, params: SamplingParams, num_layers: int, dims: DecoderDims, like: Tensor
+) -> DrafterCache:
+    """``state.drafter_cache``, created on a request's first proposal: empty context K/V for
+    ``num_layers`` draft layers (dtype and device of ``like``) and the request's generator."""
+    if state.drafter_cache is None:
+        context = ContextKV(
+            num_layers, dims.num_kv_heads, dims.head_dim, dtype=like.dtype, device=like.device
+        )
+        state.drafter_cache = DrafterCache(context=context, generator=request_generator(params, like.device))
+    return state.drafter_cache
+
+
+def scaled_embedding(embed_tokens: nn.Embedding, ids: Tensor, dims: DecoderDims) -> Tensor:
+    """Token embeddings ``[...] → [..., H]``, scaled like the target's (Gemma's √H)."""
+    e = embed_tokens(ids)
+    return e * dims.embed_scale if dims.embed_scale != 1.0 else e
+
+
 def batch_context(caches: list[ContextKV]) -> tuple[Tensor, Tensor]:
     """R requests' context K/V right-padded, ``[n_layers, 2, R, nkv, Cmax, hd]``, and lengths ``[R]``."""
     views = [c.view() for c in caches]
@@ -402,9 +425,10 @@ def assert_states(states, max_len: int, sampling) -> None:
             )
 
 
-def build_from_target(cls, target, config):
-    """``cls(config, dims)`` for ``target``: fields resolved, embedding and LM head copied, on its device."""
-    config = resolve_target_fields(config, target)
+def build_from_target(cls, target, config, *, own_layers: bool = False):
+    """``cls(config, dims)`` for ``target``: fields resolved (``own_layers``: see
+    :func:`resolve_target_fields`), embedding and LM head copied, on its device."""
+    config = resolve_target_fields(config, target, own_layers=own_layers)
     drafter = cls(config, DecoderDims.from_target(target))
     copy_shared_weights(drafter, target)
     return drafter.to(device=target.device, dtype=target.dtype)

@@ -24,7 +24,6 @@ from torch import Tensor, nn
 
 from dspark.drafters.blocks import BlockLayout, batch_layout, block_attention_mask
 from dspark.drafters.common import (
-    ContextKV,
     DecoderDims,
     DraftDecoderLayer,
     DrafterCache,
@@ -36,9 +35,10 @@ from dspark.drafters.common import (
     init_weights,
     lm_logits,
     padded_context_mask,
-    request_generator,
+    request_cache,
     rope_cos_sin,
     sample_tokens,
+    scaled_embedding,
 )
 from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, dflash_objective
 from dspark.protocols import DraftBlock, SamplingParams, SequenceState, TrainBatch, TrainOutput
@@ -100,8 +100,7 @@ class DFlashBackbone(nn.Module):
 
     def embed(self, ids: Tensor) -> Tensor:
         """Token embeddings ``[...] → [..., H]``, scaled like the target's (Gemma)."""
-        e = self.embed_tokens(ids)
-        return e * self.dims.embed_scale if self.dims.embed_scale != 1.0 else e
+        return scaled_embedding(self.embed_tokens, ids, self.dims)
 
     def context_features(self, features: Tensor) -> Tensor:
         """``H_ctx = RMSNorm(W_c [H^(l1); …; H^(lm)])``: ``[..., L, H] → [..., H]`` (Eq. 2)."""
@@ -152,12 +151,7 @@ class DFlashBackbone(nn.Module):
     # -- inference ---------------------------------------------------------------------------
 
     def _cache(self, state: SequenceState, params: SamplingParams) -> DrafterCache:
-        if state.drafter_cache is None:
-            w = self.fc.weight
-            d = self.dims
-            context = ContextKV(len(self.layers), d.num_kv_heads, d.head_dim, dtype=w.dtype, device=w.device)
-            state.drafter_cache = DrafterCache(context=context, generator=request_generator(params, w.device))
-        return state.drafter_cache
+        return request_cache(state, params, len(self.layers), self.dims, like=self.fc.weight)
 
     @torch.no_grad()
     def sync_context(self, state: SequenceState) -> None:

@@ -27,7 +27,6 @@ from torch import Tensor, nn
 
 from dspark.drafters.blocks import batch_layout, chain_attention_mask
 from dspark.drafters.common import (
-    ContextKV,
     DecoderDims,
     DraftAttention,
     DrafterCache,
@@ -40,9 +39,10 @@ from dspark.drafters.common import (
     init_weights,
     lm_logits,
     padded_context_mask,
-    request_generator,
+    request_cache,
     rope_cos_sin,
     sample_tokens,
+    scaled_embedding,
 )
 from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, eagle3_objective
 from dspark.protocols import DraftBlock, SamplingParams, SequenceState, TrainBatch, TrainOutput
@@ -125,8 +125,7 @@ class Eagle3Drafter(nn.Module):
         return self.layers[0]
 
     def embed(self, ids: Tensor) -> Tensor:
-        e = self.embed_tokens(ids)
-        return e * self.dims.embed_scale if self.dims.embed_scale != 1.0 else e
+        return scaled_embedding(self.embed_tokens, ids, self.dims)
 
     def logits(self, h: Tensor) -> Tensor:
         """``lm_head(norm(h))`` fp32: ``[..., H] → [..., V]``."""
@@ -190,11 +189,7 @@ class Eagle3Drafter(nn.Module):
     # -- inference ---------------------------------------------------------------------------
 
     def _cache(self, state: SequenceState, params: SamplingParams) -> DrafterCache:
-        if state.drafter_cache is None:
-            w = self.fc.weight
-            context = ContextKV(1, self.dims.num_kv_heads, self.dims.head_dim, dtype=w.dtype, device=w.device)
-            state.drafter_cache = DrafterCache(context=context, generator=request_generator(params, w.device))
-        return state.drafter_cache
+        return request_cache(state, params, len(self.layers), self.dims, like=self.fc.weight)
 
     @torch.no_grad()
     def sync_context(self, state: SequenceState) -> None:

@@ -35,7 +35,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from dspark.drafters.common import DecoderDims, resolve_target_fields
+from dspark.drafters.common import DecoderDims, build_from_target, resolve_target_fields
 from dspark.drafters.folder_checks import (
     SIZE_FIELDS,
     check_config_fields,
@@ -250,9 +250,9 @@ def load_drafter(folder: str | Path, target: TargetAdapter, *, block_size: int |
     """Load a drafter folder for ``target``, validating everything (module docstring).
 
     ``block_size``, when given, must equal the drafter's (a drafter trained for γ
-    slots predicts positions anchor+1..anchor+γ and nothing else). When the drafter
-    reads other feature layers than the adapter computes, the adapter is switched to
-    the drafter's layers (they were validated to exist).
+    slots predicts positions anchor+1..anchor+γ and nothing else). The drafter may read
+    other feature layers than the adapter's default (they were validated to exist): the
+    target is not changed, every forward gets ``layer_ids=drafter.target_layer_ids``.
     """
     folder = Path(folder)
     raw = _read_config(folder)
@@ -273,19 +273,17 @@ def load_drafter(folder: str | Path, target: TargetAdapter, *, block_size: int |
     _verify_checksums(folder)
     # Sizes against the file's header before anything is allocated (folder_checks).
     shapes = _upgraded_shapes(_unalias_keys(header_shapes(weights, DrafterLoadError), folder), folder)
-    ids = tuple(raw["target_layer_ids"])
-    if ids != tuple(target.target_layer_ids):
-        log.info("switching the target's feature layers to the drafter's %s", ids)
-        target.target_layer_ids = validate_layer_ids(ids, target.num_layers)
     check_weight_shapes(
         shapes,
         raw["num_hidden_layers"],
-        lambda: kind.drafter_cls(resolve_target_fields(config, target), DecoderDims.from_target(target)),
+        lambda: kind.drafter_cls(
+            resolve_target_fields(config, target, own_layers=True), DecoderDims.from_target(target)
+        ),
         folder,
         DrafterLoadError,
         {k: raw[k] for k in SIZE_FIELDS if k in raw},
     )
-    drafter = kind.drafter_cls.from_target(target, config)
+    drafter = build_from_target(kind.drafter_cls, target, config, own_layers=True)
     try:
         state = load_file(str(weights))
     except Exception as e:  # safetensors raises its own error types for corrupt files

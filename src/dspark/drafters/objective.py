@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from dspark.protocols import TrainOutput
+from dspark.sampling.rejection import acceptance_probability
 
 _EPS = 1e-6  # keeps log(c) and log(1 - c) finite for confidences saturated in fp32
 
@@ -113,7 +114,7 @@ def l1_distance(p_d: Tensor, p_t: Tensor) -> Tensor:
 
 def soft_acceptance_label(p_d: Tensor, p_t: Tensor) -> Tensor:
     """``c* = 1 - ½‖p_d - p_t‖₁``, the acceptance probability of a draft (Eq. 8), detached."""
-    return (1.0 - 0.5 * l1_distance(p_d, p_t)).detach()
+    return acceptance_probability(p_t.float(), p_d.float()).detach()
 
 
 def binary_cross_entropy(confidence: Tensor, label: Tensor) -> Tensor:

@@ -12,7 +12,7 @@ One :meth:`Engine.step`:
 4. **schedule**: the policy turns confidences (the drafter's, or the online estimator's)
    into per-request verification lengths ``ℓ_r`` (``scheduler/policies.py``);
 5. **one target forward** over the flattened runs — each decoding request's anchor and
-   ``ℓ_r`` drafts, each prefill chunk (``targets/paged.py``);
+   ``ℓ_r`` drafts, each prefill chunk (``targets/flat.py``);
 6. **verify** by rejection sampling (``sampling/rejection.py``), per-request RNGs;
 7. **commit / roll back** each request's KV to anchor + accepted drafts, cut at EOS /
    ``max_tokens`` / stop strings (``decoding/stopping.py``), stream the tokens, free the
@@ -53,9 +53,10 @@ from dspark.scheduler import (
     parse_policy,
     peak_features,
     schedule,
+    stale_history,
 )
 from dspark.targets import TargetAdapter
-from dspark.targets.paged import KVStore, Run, flat_forward
+from dspark.targets.flat import KVStore, Run, flat_forward
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +96,9 @@ class Engine:
         self.decode = decode
         self.estimator = ConfidenceEstimator(max(config.block_size, 1))
         self.stats = EngineStats()
-        self._needs_features = drafter is not None and len(drafter.target_layer_ids) > 0
+        # The drafter's feature layers go to every forward as an argument (checked to exist here).
+        self._layer_ids = target.feature_layers(drafter.target_layer_ids) if drafter is not None else ()
+        self._needs_features = len(self._layer_ids) > 0
         self._queue: deque[Request] = deque()
         self._active: list[Request] = []  # requests holding a KV slot, in admission order
         self._finished: dict[int, Request] = {}
@@ -214,7 +217,10 @@ class Engine:
             runs,
             logits_at=torch.arange(num_decode_rows),
             with_features=self._needs_features,
+            layer_ids=self._layer_ids,
         )
+        # A drafter fed other layers than it reads would silently lose its acceptance.
+        assert not self._needs_features or out.layer_ids == self._layer_ids, (out.layer_ids, self._layer_ids)
         self.stats.forward_s += time.perf_counter() - forward_started
 
         prefill_offset = num_decode_rows
@@ -344,11 +350,10 @@ class Engine:
             if req.id in drafting:
                 req.confidence_history.append((step, confidences[i].clone()))
         stale = stale_caps = None
-        if self.policy.kind == "prefix-async":
+        if self.policy.rule.reads_history:
             prior = self.estimator.position_rates()[:K].double()
-            stale = torch.stack(
-                [_fit(r.stale_confidences(step, self.policy.lag), prior, K) for r in decoding]
-            )  # [R, K], nothing from this step
+            histories = [r.confidence_history for r in decoding]
+            stale = stale_history(histories, step, self.policy.lag, prior, K)  # [R, K], none from now
             stale_caps = torch.where(has, budget, 0)  # known before drafting
         return schedule(
             self.policy,
@@ -461,12 +466,3 @@ class Engine:
         if req in self._active:
             self._active.remove(req)
         self._finished[req.id] = req
-
-
-def _fit(row: Tensor | None, prior: Tensor, K: int) -> Tensor:
-    """A stale confidence row resized to K positions; missing positions come from the prior."""
-    out = prior[:K].clone()
-    if row is not None:
-        n = min(K, row.shape[0])
-        out[:n] = row[:n]
-    return out

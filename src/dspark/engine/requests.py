@@ -91,13 +91,6 @@ class Request:
         """Most drafts worth verifying: a round emits at most drafts + 1 tokens."""
         return self.max_new - len(self.generated) - 1
 
-    def stale_confidences(self, step: int, lag: int) -> Tensor | None:
-        """The newest confidences recorded at least ``lag`` steps before ``step``."""
-        for recorded_at, conf in reversed(self.confidence_history):
-            if recorded_at <= step - lag:
-                return conf
-        return None
-
     def result(self) -> GenerationResult:
         assert self.finish_reason is not None, f"request {self.id} is not finished"
         return GenerationResult(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dspark.data.regenerate import chat_prompt_ids
+from dspark.data.chat import chat_prompt_ids
 from dspark.errors import DsparkError
 from dspark.protocols import SamplingParams
 from dspark.server.errors import ApiError

@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from dspark.data.samples import TrainDataset, TrainSample
 from dspark.drafters.folder import drafter_config_json, publish_checkpoint
 from dspark.drafters.kinds import kind_of_config
-from dspark.training.data import TrainDataset, TrainSample
 from dspark.training.trainer import TrainConfig, TrainResult, train
 
 

@@ -36,8 +36,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from dspark import distributed
+from dspark.data.samples import ShardedSampler, TrainDataset, TrainSample, collate
+from dspark.distributed import World
 from dspark.errors import DsparkError
-from dspark.training import distributed, online
+from dspark.training import online
 from dspark.training.checkpoint import (
     Checkpoint,
     capture_rng,
@@ -48,8 +51,6 @@ from dspark.training.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
-from dspark.training.data import ShardedSampler, TrainDataset, TrainSample, collate
-from dspark.training.distributed import World
 from dspark.training.metrics_log import MetricMeans, MetricsLog, flatten_metrics
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,8 @@
-"""``dspark calibrate``: fit STS temperatures on real rounds and write them into the drafter (SPEC §8).
+"""Calibrate a drafter: fit STS temperatures on real rounds and write them into its folder (SPEC §8).
+
+:func:`calibrate_drafter` is the library function behind ``dspark calibrate`` and the
+quickstart. It lives in ``eval`` because step 1 decodes with the evaluation runner;
+the calibration math itself (:mod:`dspark.calibration`) imports no model.
 
 1. Decode a held-out prompt set with the drafter (the evaluation runner, no plain
    baseline) and keep every round's confidences and accepted count.
@@ -12,9 +16,7 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 from pathlib import Path
 
 import numpy as np
@@ -23,53 +25,6 @@ from dspark.calibration.written import check_save_to, save_calibrated_copy, writ
 from dspark.errors import DsparkError
 
 POSITIONS_SHOWN = (1, 3, 5, 7)  # the paper's Fig. 6 panels
-
-
-def add_calibrate_args(p: argparse.ArgumentParser) -> None:
-    from dspark.eval.commands import add_decoding_args, add_target_args
-
-    p.add_argument(
-        "--drafter", required=True, help="a DSpark drafter with a confidence head: shipped name or folder"
-    )
-    add_decoding_args(p)
-    add_target_args(p)
-    p.add_argument(
-        "--skip",
-        type=int,
-        default=0,
-        help="skip the first N prompts of each benchmark (keep calibration prompts apart from `dspark "
-        "eval --limit N`)",
-    )
-    p.add_argument(
-        "--holdout-fraction",
-        type=float,
-        default=0.25,
-        help="share of the prompts kept out of the fit to report before/after metrics on (0: in-sample)",
-    )
-    p.add_argument("--bins", type=int, default=20, help="equal-width ECE bins")
-    p.add_argument(
-        "--save-to",
-        type=Path,
-        default=None,
-        help="write a calibrated copy of the drafter folder here (default: update the drafter folder itself)",
-    )
-    p.add_argument("--dry-run", action="store_true", help="fit and report, but write no temperatures")
-    p.add_argument(
-        "--out", type=Path, required=True, help="folder for calibration.json, the plot and the report"
-    )
-
-
-def _drafter_folder(spec: str) -> Path:
-    from dspark.drafters.kinds import KINDS
-    from dspark.drafters.registry import shipped_drafter_dir
-
-    folder = shipped_drafter_dir(spec) if spec in KINDS else Path(spec).expanduser()
-    if not (folder / "config.json").is_file():
-        raise DsparkError(f"{spec!r} is not a drafter folder; only a trained drafter can be calibrated")
-    raw = json.loads((folder / "config.json").read_text())
-    if not raw.get("enable_confidence_head"):
-        raise DsparkError(f"{folder}: this drafter has no confidence head, so there is nothing to calibrate")
-    return folder
 
 
 def _fmt(v: float | None, pct: bool = False) -> str:
@@ -203,47 +158,3 @@ def calibrate_drafter(
     write_json(out / "calibration.json", summary)
     (out / "calibration.md").write_text(_report_md(summary, shown))
     return summary
-
-
-def main_calibrate(args: argparse.Namespace) -> int:
-    """Fit STS temperatures on held-out rounds, write them into the drafter, report ECE/AUC/Brier."""
-    from dspark.eval.commands import eval_config, load_benchmarks, load_target, setup_threads
-
-    setup_threads(args)
-    if not 0.0 <= args.holdout_fraction < 1.0:
-        raise DsparkError(f"--holdout-fraction must be in [0, 1), got {args.holdout_fraction}")
-    if args.skip < 0 or args.bins < 1:
-        raise DsparkError("--skip must be >= 0 and --bins >= 1")
-    config = eval_config(args, baseline=False)
-    folder = _drafter_folder(args.drafter)
-    benchmarks = load_benchmarks(args, skip=args.skip)
-    target = load_target(args)
-    summary = calibrate_drafter(
-        target,
-        folder,
-        benchmarks,
-        config,
-        args.out,
-        holdout_fraction=args.holdout_fraction,
-        bins=args.bins,
-        seed=args.seed,
-        save_to=args.save_to,
-        dry_run=args.dry_run,
-    )
-    print(
-        json.dumps(
-            {
-                k: summary[k]
-                for k in (
-                    "temperatures",
-                    "written_to",
-                    "fit_rounds",
-                    "report_rounds",
-                    "mean_ece_before",
-                    "mean_ece_after",
-                )
-            },
-            indent=2,
-        )
-    )
-    return 0

@@ -12,27 +12,23 @@ import json
 import logging
 from pathlib import Path
 
-import torch
-
-from dspark.argtypes import json_object
+from dspark.commands.loading import TINY_CORPUS
+from dspark.commands.options import add_target, add_template_kwargs, add_threads
+from dspark.drafters.registry import TRAINABLE
 from dspark.errors import DsparkError
 
 log = logging.getLogger(__name__)
 
-TINY_CORPUS = "tiny-corpus"
-
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--drafter", required=True, choices=["dflash", "dspark", "eagle3"], help="drafter method")
+    p.add_argument("--drafter", required=True, choices=TRAINABLE, help="drafter method")
     p.add_argument(
         "--preset",
         default=None,
         help="preset function of dspark.presets.drafters (e.g. dspark_tiny, dspark_rnn_tiny, "
         "dspark_qwen3_8b); default: <method>_tiny on the tiny target, else the config defaults",
     )
-    p.add_argument(
-        "--target", default=None, help="HF model folder or hub id (default: the embedded tiny target)"
-    )
+    add_target(p)
     p.add_argument(
         "--data",
         nargs="+",
@@ -50,12 +46,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-anchors", type=int, default=512, help="blocks per sequence (SPEC §6)")
     p.add_argument("--max-length", type=int, default=1024, help="tokens per sequence (longer ones are cut)")
     p.add_argument("--limit", type=int, default=None, help="use only the first N records")
-    p.add_argument(
-        "--template-kwargs",
-        type=json_object,
-        default="{}",
-        help="JSON passed to the chat template, e.g. '{\"enable_thinking\": false}'",
-    )
+    add_template_kwargs(p)
     p.add_argument("--save-every", type=int, default=100, help="checkpoint every N steps (0: at the end)")
     p.add_argument(
         "--eval-every",
@@ -68,7 +59,9 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         default="math,code,chat",
         help="prompt sets for the online evaluation (built-in names or JSONL paths)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the drafter's initialisation and the data order"
+    )
     p.add_argument(
         "--parallel", choices=["ddp", "fsdp"], default="ddp", help="data parallelism under torchrun"
     )
@@ -81,23 +74,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         "target and --max-length, instead of running the target online",
     )
     p.add_argument("--tensorboard", action="store_true", help="also log to TensorBoard (if installed)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
-
-
-def _records(specs: list[str], limit: int | None) -> list[dict]:
-    from dspark.training.data import read_jsonl
-
-    records: list[dict] = []
-    for spec in specs:
-        if spec == TINY_CORPUS:
-            from dspark.tiny.corpus import training_records
-
-            records += training_records()
-        else:
-            if not Path(spec).is_file():
-                raise DsparkError(f"no data file {spec!r}")
-            records += read_jsonl(spec)
-    return records[:limit] if limit else records
+    add_threads(p, help="torch CPU threads per process")
 
 
 def _drafter_config(method: str, preset: str | None, tiny: bool):
@@ -120,24 +97,25 @@ def _drafter_config(method: str, preset: str | None, tiny: bool):
 
 
 def _online_eval(target, prompt_specs: str, count: int = 6, max_tokens: int = 48):
-    """Real τ on a few held-out prompts at temperature 1 with fixed seeds (SPEC §6)."""
+    """Real τ on a few held-out prompts at temperature 1 with fixed seeds (SPEC §6), each
+    decoded alone through the engine as ``dspark eval`` decodes it."""
+    from dspark.data.chat import prompt_ids as first_turn_ids
     from dspark.data.prompts import load_prompts
-    from dspark.decoding import speculative_generate
-    from dspark.eval.decode_bench import chat_prompt_ids
-    from dspark.protocols import SamplingParams
+    from dspark.eval.engine_answer import engine_answer
+    from dspark.protocols import SamplingParams, acceptance_length
 
     per_set = max(1, count // len(prompt_specs.split(",")))
     prompts = [p for spec in prompt_specs.split(",") for p in load_prompts(spec, per_set)]
-    ids = [chat_prompt_ids(target, p) for p in prompts]
+    ids = [first_turn_ids(target.tokenizer, p) for p in prompts]
 
     def evaluate(drafter, step: int) -> dict[str, float]:
         rounds = accepted = 0
         for i, prompt_ids in enumerate(ids):
             params = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=i)
-            result = speculative_generate(target, drafter, prompt_ids, params, block_size=drafter.block_size)
+            result = engine_answer(target, drafter, prompt_ids, params, block_size=drafter.block_size).result
             rounds += len(result.rounds)
             accepted += sum(r.accepted for r in result.rounds)
-        return {"tau": (accepted + rounds) / max(rounds, 1)}
+        return {"tau": acceptance_length(accepted, rounds)}
 
     return evaluate
 
@@ -147,7 +125,7 @@ def _feature_cache(root: Path | None, target, data, template_kwargs, max_length:
     if root is None:
         return None
     from dspark.data.cache import FeatureCache
-    from dspark.training.data import TrainDataset
+    from dspark.data.samples import TrainDataset
 
     cache = FeatureCache.open(root)  # shard checksums
     cache.check_compatible(target, template_kwargs=template_kwargs, max_length=max_length)
@@ -162,19 +140,18 @@ def _feature_cache(root: Path | None, target, data, template_kwargs, max_length:
 
 def main_train(args: argparse.Namespace) -> int:
     """Train a drafter against a frozen target (one process, or many under torchrun)."""
+    import torch
+
+    from dspark import distributed
+    from dspark.commands.loading import is_tiny, load_target, set_threads, training_records
+    from dspark.data.samples import tokenize_records
     from dspark.drafters.folder import drafter_config_json, publish_checkpoint
     from dspark.drafters.kinds import KINDS
-    from dspark.presets.tiny import TINY_TARGET_NAME, resolve_target
-    from dspark.targets import TargetAdapter
-    from dspark.training import distributed
-    from dspark.training.data import tokenize_records
     from dspark.training.trainer import TrainConfig, train
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     template_kwargs = args.template_kwargs
-    tiny = args.target in (None, "", TINY_TARGET_NAME)
-    config = _drafter_config(args.drafter, args.preset, tiny)
+    config = _drafter_config(args.drafter, args.preset, is_tiny(args.target))
     cfg = TrainConfig(
         output_dir=str(args.out),
         max_steps=args.steps,
@@ -191,13 +168,11 @@ def main_train(args: argparse.Namespace) -> int:
     )
     with distributed.launch() as world:
         layer_ids = getattr(config, "target_layer_ids", None)
-        target = TargetAdapter.from_pretrained(
-            resolve_target(args.target), device=world.device, target_layer_ids=layer_ids
-        )
+        target = load_target(args.target, device=world.device, target_layer_ids=layer_ids)
         torch.manual_seed(args.seed)
         drafter = KINDS[args.drafter].drafter_cls.from_target(target, config)
         data = tokenize_records(
-            _records(args.data, args.limit),
+            training_records(args.data, args.limit),
             target.tokenizer,
             max_length=args.max_length,
             template_kwargs=template_kwargs,

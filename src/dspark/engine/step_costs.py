@@ -121,7 +121,7 @@ def flat_vs_padded(
     ``max(lengths)`` tokens, as an ``[R, T_max]`` padded batch would)."""
     import time
 
-    from dspark.targets.paged import KVStore, Run, flat_forward
+    from dspark.targets.flat import KVStore, Run, flat_forward
 
     R = len(lengths)
     store = KVStore.for_target(target, num_slots=R, capacity=context + max(lengths))

@@ -31,10 +31,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from dspark.engine import Engine, EngineConfig
 from dspark.engine.profile import load_or_profile
 from dspark.engine.worker import EngineWorker
+from dspark.protocols import acceptance_length
 from dspark.scheduler import SpsTable
 from dspark.server.app import create_app
 from dspark.server.uvicorn_runner import serve_in_thread
-from dspark.targets.paged import KVStore
+from dspark.targets.flat import KVStore
 
 PLAIN = "none"
 
@@ -156,7 +157,7 @@ def bench_serve(
                         seconds=seconds,
                         throughput=tokens / seconds,
                         per_user=per_user,
-                        tau=(d["dspark_accepted_tokens_total"] + rounds) / rounds,
+                        tau=acceptance_length(d["dspark_accepted_tokens_total"], rounds),
                         verify_budget=d["dspark_draft_tokens_total"] / rounds,
                     )
                     points.append(point)

@@ -6,12 +6,16 @@ import argparse
 import json
 from pathlib import Path
 
+from dspark.commands.options import add_target
+from dspark.drafters.registry import TRAINABLE
 from dspark.errors import DsparkError
+
+# Light copies, so that the parser needs no torch; a test pins them to drafters.export's.
+FORMATS = ("vllm", "sglang", "speculators", "hf")  # drafters.export.FORMATS
+DTYPE_NAMES = ("bf16", "fp16", "fp32")  # the keys of drafters.export.DTYPES
 
 
 def add_export_args(p: argparse.ArgumentParser) -> None:
-    from dspark.drafters.export import DTYPES, FORMATS
-
     p.add_argument(
         "--format",
         required=True,
@@ -26,17 +30,17 @@ def add_export_args(p: argparse.ArgumentParser) -> None:
         "--drafter",
         required=True,
         metavar="NAME_OR_FOLDER",
-        help="dflash | dspark | eagle3 (shipped for the tiny target) | a drafter folder",
+        help=f"a trained drafter: {', '.join(TRAINABLE)} (shipped for the tiny target) or a drafter folder",
     )
     p.add_argument(
         "--out", type=Path, required=True, metavar="DIR", help="folder to write (must not exist or be empty)"
     )
-    p.add_argument(
-        "--target",
-        default=None,
-        help="HF model folder or hub id the drafter was trained for (default: the embedded tiny target)",
+    add_target(
+        p, help="HF model folder or hub id the drafter was trained for (default: the embedded tiny target)"
     )
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="weight dtype (default: bf16)")
+    p.add_argument(
+        "--dtype", choices=sorted(DTYPE_NAMES), default="bf16", help="weight dtype (default: bf16)"
+    )
     p.add_argument("--force", action="store_true", help="replace an existing drafter folder at --out")
     p.add_argument(
         "--sps-table",
@@ -50,28 +54,27 @@ def add_export_args(p: argparse.ArgumentParser) -> None:
 
 def main_export(args: argparse.Namespace) -> int:
     """Export a drafter for vLLM, SGLang or HF, validated by re-loading it; SERVE.md has the commands."""
+    from dspark.commands.loading import drafter_folder
     from dspark.drafters.export import DTYPES, SERVE_NAME, export_drafter, read_sps_table
     from dspark.drafters.folder import EXPORT_MANIFEST
-    from dspark.drafters.kinds import KINDS
-    from dspark.drafters.registry import build_drafter, shipped_drafter_dir
+    from dspark.drafters.registry import build_drafter
     from dspark.presets.tiny import resolve_target
+    from dspark.protocols import TrainableDrafter
     from dspark.targets import TargetAdapter
 
     sps_table = read_sps_table(args.sps_table) if args.sps_table is not None else None
     target_name = resolve_target(args.target)
     target = TargetAdapter.from_pretrained(target_name)
     drafter = build_drafter(args.drafter, target)
-    trainable = tuple(kind.config_cls for kind in KINDS.values())
-    if not isinstance(getattr(drafter, "config", None), trainable):
+    if not isinstance(drafter, TrainableDrafter):
         raise DsparkError(f"{args.drafter!r} has no weights to export; give a trained drafter or its folder")
-    source = shipped_drafter_dir(args.drafter) if args.drafter in KINDS else Path(args.drafter).expanduser()
     out = export_drafter(
         drafter,
         target,
         args.out,
         fmt=args.fmt,
         dtype=DTYPES[args.dtype],
-        source=source,
+        source=drafter_folder(args.drafter),
         target_name=target_name,
         force=args.force,
         sps_table=sps_table,

@@ -37,3 +37,33 @@ def json_object(text: str) -> dict:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
     return value
+
+
+def size_bytes(text: str) -> int:
+    """``"512MB"``, ``"2GB"``, ``"1000000"`` -> bytes (decimal units)."""
+    units = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "B": 1}
+    upper = text.strip().upper()
+    for unit, factor in units.items():
+        if upper.endswith(unit):
+            upper, scale = upper[: -len(unit)], factor
+            break
+    else:
+        scale = 1
+    try:
+        value = int(float(upper) * scale)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size like 512MB or 2GB, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
+    return value
+
+
+def int_list(text: str) -> list[int]:
+    """``"4,8,12"`` → ``[4, 8, 12]``, every value a positive integer."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values

@@ -11,51 +11,23 @@ import json
 import sys
 from pathlib import Path
 
-from dspark.argtypes import json_object
-from dspark.argtypes import non_negative_float as _non_negative_float
-from dspark.argtypes import positive_int as _positive_int
+from dspark.commands.argtypes import non_negative_float as _non_negative_float
+from dspark.commands.argtypes import positive_int as _positive_int
+from dspark.commands.argtypes import size_bytes
+from dspark.commands.loading import set_threads
+from dspark.commands.options import (
+    add_drafter,
+    add_no_progress,
+    add_sampling,
+    add_target,
+    add_template_kwargs,
+    add_threads,
+)
 from dspark.errors import DsparkError
 
 
-def _size(text: str) -> int:
-    """``"512MB"``, ``"2GB"``, ``"1000000"`` -> bytes (decimal units)."""
-    units = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "B": 1}
-    upper = text.strip().upper()
-    for unit, factor in units.items():
-        if upper.endswith(unit):
-            upper, scale = upper[: -len(unit)], factor
-            break
-    else:
-        scale = 1
-    try:
-        value = int(float(upper) * scale)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a size like 512MB or 2GB, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
-    return value
-
-
-def _add_template_kwargs(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--template-kwargs",
-        type=json_object,
-        default="{}",
-        help="JSON passed to the chat template, e.g. '{\"enable_thinking\": false}'; "
-        "use the same in regenerate, cache, train and eval (SPEC §7.4)",
-    )
-
-
 def _raw_help(p: argparse.ArgumentParser, epilog: str) -> None:
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = epilog
-
-
-def _set_threads(threads: int | None) -> None:
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
 
 
 # ----------------------------------------------------------------------------- prompts
@@ -146,14 +118,8 @@ def add_regenerate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, required=True, help="output JSONL (appended to; resumable)")
     p.add_argument("--errors", type=Path, default=None, help="error JSONL (default: OUT with .errors.jsonl)")
     p.add_argument("--limit", type=_positive_int, default=None, help="first N prompts of each set")
-    p.add_argument(
-        "--target",
-        default=None,
-        help="in-process backend: HF model folder or hub id (default: the embedded tiny target)",
-    )
-    p.add_argument(
-        "--drafter", default="ngram", help="in-process: drafter for speed only (lossless): ngram or none"
-    )
+    add_target(p, help="in-process backend: HF model folder or hub id (default: the embedded tiny target)")
+    add_drafter(p, default="ngram", purpose="in-process: drafter for speed only (lossless)")
     p.add_argument(
         "--base-url",
         action="append",
@@ -172,14 +138,11 @@ def add_regenerate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=_non_negative_float, default=600.0, help="HTTP: seconds per request")
     p.add_argument("--retries", type=int, default=3, help="HTTP: retries per request after the first attempt")
     p.add_argument("--max-tokens", type=_positive_int, default=2048, help="most tokens per answer")
-    p.add_argument("--temperature", type=_non_negative_float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]")
-    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
-    p.add_argument("--seed", type=int, default=None, help="base seed; each prompt derives its own from it")
+    add_sampling(p, seed_help="base seed; each prompt derives its own from it")
     p.add_argument("--system", default=None, help="system message for prompts that have none")
-    _add_template_kwargs(p)
-    p.add_argument("--threads", type=_positive_int, default=None, help="in-process: torch CPU threads")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_template_kwargs(p)
+    add_threads(p, help="in-process: torch CPU threads")
+    add_no_progress(p)
 
 
 def main_regenerate(args: argparse.Namespace) -> int:
@@ -213,13 +176,12 @@ def main_regenerate(args: argparse.Namespace) -> int:
         )
         concurrency = args.concurrency or 8
     else:
+        from dspark.commands.loading import load_target
         from dspark.data.regenerate import InProcessBackend
         from dspark.drafters.registry import build_drafter
-        from dspark.presets.tiny import resolve_target
-        from dspark.targets import TargetAdapter
 
-        _set_threads(args.threads)
-        target = TargetAdapter.from_pretrained(resolve_target(args.target))
+        set_threads(args.threads)
+        target = load_target(args.target)
         backend = InProcessBackend(
             target, drafter=build_drafter(args.drafter, target), template_kwargs=template_kwargs
         )
@@ -268,9 +230,7 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
         help="training records JSONL: regenerated records (turns + answers) or conversations",
     )
     p.add_argument("--out", type=Path, required=True, help="cache folder")
-    p.add_argument(
-        "--target", default=None, help="HF model folder or hub id (default: the embedded tiny target)"
-    )
+    add_target(p)
     p.add_argument(
         "--layer-ids",
         default=None,
@@ -279,8 +239,8 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp8", "fp32"], default="bf16", help="stored dtype")
     p.add_argument("--max-length", type=_positive_int, default=1024, help="tokens per sample (as training)")
-    _add_template_kwargs(p)
-    p.add_argument("--shard-size", type=_size, default=10**9, help="bytes per shard, e.g. 512MB, 2GB")
+    add_template_kwargs(p)
+    p.add_argument("--shard-size", type=size_bytes, default=10**9, help="bytes per shard, e.g. 512MB, 2GB")
     p.add_argument(
         "--target-dtype",
         choices=["auto", "fp32", "bf16"],
@@ -288,21 +248,20 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
         help="dtype the target runs in (auto: bf16 on GPU, fp32 on CPU)",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing cache in OUT")
-    p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_threads(p)
+    add_no_progress(p)
 
 
 def main_cache(args: argparse.Namespace) -> int:
     """Build the offline feature cache: target features of every training token, sharded, checksummed."""
     import torch
 
+    from dspark import distributed
+    from dspark.commands.loading import load_target
     from dspark.data.cache_build import CacheBuildConfig, build_cache
     from dspark.data.records import read_records
-    from dspark.presets.tiny import resolve_target
-    from dspark.targets import TargetAdapter
-    from dspark.training import distributed
 
-    _set_threads(args.threads)
+    set_threads(args.threads)
     if not args.data.is_file():
         raise DsparkError(f"no training records at {args.data}")
     records = read_records(args.data, repair=False)
@@ -312,9 +271,7 @@ def main_cache(args: argparse.Namespace) -> int:
         )
         layer_ids = [int(i) for i in args.layer_ids.split(",")] if args.layer_ids else None
         try:
-            target = TargetAdapter.from_pretrained(
-                resolve_target(args.target), dtype=dtype, device=world.device, target_layer_ids=layer_ids
-            )
+            target = load_target(args.target, dtype=dtype, device=world.device, target_layer_ids=layer_ids)
         except ValueError as e:  # bad layer ids
             raise DsparkError(str(e)) from None
         config = CacheBuildConfig(
@@ -368,7 +325,7 @@ def add_estimate_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--hidden-size", type=_positive_int, default=None, help="H")
     p.add_argument("--feature-layers", type=int, default=None, help="m, the number of feature layers")
-    p.add_argument("--target", default=None, help="model folder whose config.json gives H (and m)")
+    add_target(p, help="model folder whose config.json gives H (and m)")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp8", "fp32"], default="bf16", help="stored dtype")
     p.add_argument("--tokens", type=int, default=None, help="number of training tokens")
     p.add_argument(
@@ -378,7 +335,7 @@ def add_estimate_args(p: argparse.ArgumentParser) -> None:
         help="count the tokens of this records JSONL with --target's tokenizer and chat template",
     )
     p.add_argument("--max-length", type=_positive_int, default=1024, help="with --data: tokens per sample")
-    _add_template_kwargs(p)
+    add_template_kwargs(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -386,7 +343,7 @@ def _count_tokens(target: str, data: Path, max_length: int, template_kwargs: dic
     from transformers import AutoTokenizer
 
     from dspark.data.records import read_records
-    from dspark.training.data import tokenize_records
+    from dspark.data.samples import tokenize_records
 
     tokenizer = AutoTokenizer.from_pretrained(target)
     dataset = tokenize_records(

@@ -18,6 +18,7 @@ import torch
 from tqdm import tqdm
 from transformers import GenerationConfig
 
+from dspark.data.chat import prompt_ids
 from dspark.data.prompts import Prompt
 from dspark.decoding import speculative_generate
 from dspark.engine import Engine, EngineConfig
@@ -83,15 +84,6 @@ def batch1_engine(
     return Engine(target, drafter, config)
 
 
-def chat_prompt_ids(target: TargetAdapter, prompt: Prompt) -> list[int]:
-    """The first user turn through the target's own chat template (SPEC §7.4)."""
-    messages = [{"role": "user", "content": prompt.turns[0]}]
-    encoded = target.tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=True, return_dict=True
-    )
-    return list(encoded["input_ids"])
-
-
 def _hf_generate(target: TargetAdapter, ids: list[int], max_tokens: int, **assist) -> list[int]:
     """HF ``generate``, greedy; ``assist`` = ``prompt_lookup_num_tokens=`` or ``assistant_model=``."""
     config = GenerationConfig(
@@ -133,7 +125,7 @@ def bench_decode(
     stats = {name: MethodStats() for name in names}
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     for prompt in tqdm(prompts, desc="decode bench", unit="prompt"):
-        ids = chat_prompt_ids(target, prompt)
+        ids = prompt_ids(target.tokenizer, prompt)
         for name in names:
             started = time.perf_counter()
             if name == HF_METHOD or name in hf_assist:

@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from dspark.commands.options import add_no_progress
+
 
 def add_quickstart_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
@@ -20,7 +22,7 @@ def add_quickstart_args(p: argparse.ArgumentParser) -> None:
         help="run folder (default: runs/quickstart, or runs/quickstart-fast with --fast); "
         "rerunning into it resumes the finished stages",
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bars (stage lines still print)")
+    add_no_progress(p, help="no progress bars (stage lines still print)")
 
 
 def main_quickstart(args: argparse.Namespace) -> int:

@@ -1,8 +1,8 @@
 """``dspark profile``: measure SPS(B) of a target on this machine and save it (SPEC §9).
 
 The engine loads the saved table at start (same target, dtype, device, threads and
-engine shape) instead of profiling again. Lives in ``engine`` rather than ``scheduler``
-because it runs the target: the scheduler itself never imports models.
+engine shape) instead of profiling again. The measuring is :func:`dspark.engine.profile.profile_sps`
+(in ``engine`` rather than ``scheduler`` because it runs the target).
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import argparse
 import json
 from pathlib import Path
 
+from dspark.commands.options import add_block_size, add_target
+
 
 def add_profile_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--target", default=None, help="HF model folder or hub id (default: the embedded tiny target)"
-    )
+    add_target(p)
     p.add_argument("--max-batch", type=int, default=32, help="engine KV slots (requests at once)")
-    p.add_argument("--block-size", type=int, default=7, help="most drafts per request per step (γ)")
+    add_block_size(p)
     p.add_argument("--max-seq-len", type=int, default=None, help="tokens per KV slot (default: the engine's)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per batch size (the fastest counts)")
     p.add_argument("--out", type=Path, default=None, help="where to save (default: the engine's cache path)")
@@ -29,13 +29,12 @@ def main_profile(args: argparse.Namespace) -> int:
     The thread count (``dspark --threads N profile``) is part of the profile's key: run the
     engine with the same setting to have it load this table.
     """
+    from dspark.commands.loading import load_target
     from dspark.engine.config import DEFAULT_MAX_SEQ_LEN
     from dspark.engine.profile import default_profile_path, profile_sps
-    from dspark.presets.tiny import resolve_target
-    from dspark.targets import TargetAdapter
-    from dspark.targets.paged import KVStore
+    from dspark.targets.flat import KVStore
 
-    target = TargetAdapter.from_pretrained(resolve_target(args.target))
+    target = load_target(args.target)
     capacity = min(args.max_seq_len or DEFAULT_MAX_SEQ_LEN, target.max_context)
     store = KVStore.for_target(target, num_slots=args.max_batch, capacity=capacity)
     table = profile_sps(target, store, block_size=args.block_size, repeats=args.repeats)

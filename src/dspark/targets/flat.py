@@ -27,6 +27,7 @@ sliding windows); Gemma2's attention logit softcapping cannot, and is refused.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -254,7 +255,8 @@ def _flat_attention_mode(config):
 @dataclass(frozen=True)
 class FlatOutput:
     logits: Tensor  # [n, V] fp32 at the requested rows
-    features: Tensor | None  # [N, L, H] raw outputs of target_layer_ids for every token
+    features: Tensor | None  # [N, L, H] raw outputs of layer_ids for every token
+    layer_ids: tuple[int, ...] = ()  # the layers of ``features``, in order (() without features)
 
 
 @torch.no_grad()
@@ -266,20 +268,24 @@ def flat_forward(
     *,
     logits_at: Tensor,
     with_features: bool = False,
+    layer_ids: Sequence[int] | None = None,
 ) -> FlatOutput:
     """Run the target over the flattened ``ids [N]`` of ``runs``; write their K/V to ``store``.
 
     ``logits_at [n]`` picks the flat rows whose logits are wanted (verification rows;
-    prefill chunks need none), so the LM head runs on those rows only.
+    prefill chunks need none), so the LM head runs on those rows only. With
+    ``with_features``, the raw outputs of ``layer_ids`` (the drafter's; ``None``: the
+    adapter's default) for every token, as in :meth:`TargetAdapter.forward`.
     """
     assert ids.dim() == 1 and ids.dtype == torch.long, f"ids must be [N] long, got {ids.dtype} {ids.shape}"
     N = ids.shape[0]
     assert sum(r.length for r in runs) == N, f"{N} ids for runs of {sum(r.length for r in runs)} tokens"
     step = FlatStep.build(store, runs)
     device = target.device
+    layers = target.feature_layers(layer_ids) if with_features else ()
     captured: dict[int, Tensor] = {}
     # The adapter's own feature hooks (same package): one forward records the raw layer outputs.
-    hooks = target._capture_features(captured) if with_features else []
+    hooks = target._capture_features(captured, layers)
     decoder = target._decoder
     try:
         with _flat_attention_mode(decoder.config):
@@ -294,6 +300,7 @@ def flat_forward(
             handle.remove()
     hidden = out.last_hidden_state[0]  # [N, H], final-normed
     features = None
-    if with_features and target.target_layer_ids:
-        features = torch.stack([captured[i][0] for i in target.target_layer_ids], dim=1)  # [N, L, H]
-    return FlatOutput(logits=target.lm_head(hidden[logits_at.to(device)]), features=features)
+    if layers:
+        features = torch.stack([captured[i][0] for i in layers], dim=1)  # [N, L, H]
+    logits = target.lm_head(hidden[logits_at.to(device)])
+    return FlatOutput(logits=logits, features=features, layer_ids=layers)
