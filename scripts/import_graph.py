@@ -36,6 +36,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("training",),
     ("eval", "server"),
     ("quickstart",),
+    ("campaign",),
     ("commands",),
     ("cli",),
     ("__main__",),

@@ -220,17 +220,78 @@ class TrainBatch:
     anchors: torch.Tensor | None = None  # [B, A] long anchor positions, -1 = padding (SPEC §6)
 
 
-@dataclass
+@dataclass(frozen=True)
+class SlotFactors:
+    """The draft and target logits of every slot as the factors they are made of (SPEC §6).
+
+    ``draft[s] = softcap(hidden[s] · headᵀ + low_rank_u[s] · low_rank_wᵀ)`` and
+    ``target[s] = softcap(target_rows[target_index[s]] · headᵀ)``. A loss can then work
+    through the slots in chunks and never hold ``[B, A, K, V]`` tensors
+    (:mod:`dspark.drafters.chunked_objective`); :meth:`draft_logits` /
+    :meth:`target_logits` materialize them for the dense reference path.
+    """
+
+    hidden: torch.Tensor  # [B, A, K, H] final-normed draft hidden states
+    head: torch.Tensor  # [V, H] the frozen LM head shared with the target
+    target_rows: torch.Tensor  # [U, H] the target's final-normed hidden at the distinct slot positions
+    target_index: torch.Tensor  # [B, A, K] long, the row of target_rows of each slot
+    softcap: float | None = None  # the family's final logit softcapping (Gemma2)
+    low_rank_u: torch.Tensor | None = None  # [B, A, K, r] the sequential head's factor (DSpark)
+    low_rank_w: torch.Tensor | None = None  # [V, r] W_2ᵀ
+
+    def _cap(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits if self.softcap is None else self.softcap * torch.tanh(logits / self.softcap)
+
+    def draft_logits(self) -> torch.Tensor:
+        """``[B, A, K, V]`` fp32."""
+        logits = self.hidden.float() @ self.head.float().T  # [B, A, K, V]
+        if self.low_rank_u is not None:
+            logits = logits + self.low_rank_u.float() @ self.low_rank_w.float().T
+        return self._cap(logits)
+
+    def target_logits(self) -> torch.Tensor:
+        """``[B, A, K, V]`` fp32."""
+        return self._cap(self.target_rows.float() @ self.head.float().T)[self.target_index]
+
+
 class TrainOutput:
     """Supervised predictions of a drafter for A blocks of K positions per sequence.
 
     ``logits[b, a, k]`` is the drafter's prediction of ``labels[b, a, k]``;
     ``target_logits`` is the target's prediction at the same position; ``valid`` marks
-    the contiguous supervised prefix of each block (SPEC §6).
+    the contiguous supervised prefix of each block (SPEC §6). A drafter gives either the
+    dense logits or their :class:`SlotFactors` (then ``logits`` / ``target_logits``
+    materialize on first access, and the loss never needs them whole).
     """
 
-    logits: torch.Tensor  # [B, A, K, V] draft logits (Markov-corrected for DSpark)
-    labels: torch.Tensor  # [B, A, K] long ground-truth tokens x_k*
-    target_logits: torch.Tensor  # [B, A, K, V]
-    valid: torch.Tensor  # [B, A, K] bool
-    confidences: torch.Tensor | None = None  # [B, A, K] in (0, 1), DSpark only
+    def __init__(
+        self,
+        *,
+        labels: torch.Tensor,  # [B, A, K] long ground-truth tokens x_k*
+        valid: torch.Tensor,  # [B, A, K] bool
+        logits: torch.Tensor | None = None,  # [B, A, K, V] draft logits (Markov-corrected for DSpark)
+        target_logits: torch.Tensor | None = None,  # [B, A, K, V]
+        confidences: torch.Tensor | None = None,  # [B, A, K] in (0, 1), DSpark only
+        factors: SlotFactors | None = None,
+    ) -> None:
+        if factors is None and (logits is None or target_logits is None):
+            raise ValueError("a TrainOutput needs logits and target_logits, or their factors")
+        self.labels, self.valid, self.confidences, self.factors = labels, valid, confidences, factors
+        self._logits, self._target_logits = logits, target_logits
+
+    @property
+    def logits(self) -> torch.Tensor:
+        if self._logits is None:
+            self._logits = self.factors.draft_logits()
+        return self._logits
+
+    @property
+    def target_logits(self) -> torch.Tensor:
+        if self._target_logits is None:
+            self._target_logits = self.factors.target_logits()
+        return self._target_logits
+
+    @property
+    def dense(self) -> bool:
+        """True when the logits exist as tensors (given, or materialized by an access)."""
+        return self._logits is not None and self._target_logits is not None

@@ -96,30 +96,6 @@ def _drafter_config(method: str, preset: str | None, tiny: bool):
     return config
 
 
-def _online_eval(target, prompt_specs: str, count: int = 6, max_tokens: int = 48):
-    """Real τ on a few held-out prompts at temperature 1 with fixed seeds (SPEC §6), each
-    decoded alone through the engine as ``dspark eval`` decodes it."""
-    from dspark.data.chat import prompt_ids as first_turn_ids
-    from dspark.data.prompts import load_prompts
-    from dspark.eval.engine_answer import engine_answer
-    from dspark.protocols import SamplingParams, acceptance_length
-
-    per_set = max(1, count // len(prompt_specs.split(",")))
-    prompts = [p for spec in prompt_specs.split(",") for p in load_prompts(spec, per_set)]
-    ids = [first_turn_ids(target.tokenizer, p) for p in prompts]
-
-    def evaluate(drafter, step: int) -> dict[str, float]:
-        rounds = accepted = 0
-        for i, prompt_ids in enumerate(ids):
-            params = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=i)
-            result = engine_answer(target, drafter, prompt_ids, params, block_size=drafter.block_size).result
-            rounds += len(result.rounds)
-            accepted += sum(r.accepted for r in result.rounds)
-        return {"tau": acceptance_length(accepted, rounds)}
-
-    return evaluate
-
-
 def _feature_cache(root: Path | None, target, data, template_kwargs, max_length: int):
     """The opened, checked cache at ``root`` (None: online features); refuses one of other data."""
     if root is None:
@@ -147,6 +123,7 @@ def main_train(args: argparse.Namespace) -> int:
     from dspark.data.samples import tokenize_records
     from dspark.drafters.folder import drafter_config_json, publish_checkpoint
     from dspark.drafters.kinds import KINDS
+    from dspark.eval.online import online_tau_eval
     from dspark.training.trainer import TrainConfig, train
 
     set_threads(args.threads)
@@ -180,7 +157,7 @@ def main_train(args: argparse.Namespace) -> int:
         if len(data) == 0:
             raise DsparkError("no training sample has supervised (assistant) tokens")
         cache = _feature_cache(args.feature_cache, target, data, template_kwargs, args.max_length)
-        online_eval = _online_eval(target, args.eval_prompts) if args.eval_every else None
+        online_eval = online_tau_eval(target, args.eval_prompts) if args.eval_every else None
         result = train(
             cfg,
             target,

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dspark.protocols import SamplingParams
+from dspark.protocols import SamplingParams, SlotFactors
 
 # -- dimensions -------------------------------------------------------------------------
 
@@ -123,6 +123,56 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
+@dataclass(frozen=True)
+class PackedBlockMask:
+    """Who sees what when N blocks of K slots are packed into one sequence of N*K queries.
+
+    ``context [B, N, C]`` bool: block n sees context entry c. Inside its block a slot sees
+    every slot (bidirectional, SPEC §5.1); it never sees another block. ``spans`` (from
+    :meth:`~dspark.drafters.blocks.PackedBlocks.row_spans`) lists ``(n0, n1, c0, c1)``:
+    blocks ``n0:n1`` can only see context ``c0:c1`` (their batch row), so the scores
+    outside those rectangles are never computed.
+    """
+
+    context: Tensor  # [B, N, C] bool
+    block_size: int
+    spans: tuple[tuple[int, int, int, int], ...] | None = None
+
+
+def attend_packed_blocks(
+    q: Tensor, ctx_k: Tensor, ctx_v: Tensor, k: Tensor, v: Tensor, mask: PackedBlockMask
+) -> Tensor:
+    """Attention of packed blocks over their visible context and their own block only.
+
+    q ``[B, nh, N*K, hd]``; ctx_k/ctx_v ``[B, nkv, C, hd]``; k/v ``[B, nkv, N*K, hd]`` (the
+    blocks' own). Equal to SDPA over ``[ctx ; every block]`` with
+    :func:`~dspark.drafters.blocks.block_attention_mask`, but scores only each block's own
+    row of context and its own K slots: ``Σ_rows N_r*K*(C_r + K)`` scores instead of
+    ``N*K*(C + N*K)``. The softmax runs over the context and own-block scores together.
+    """
+    B, nh, Q, hd = q.shape
+    K = mask.block_size
+    N, C = Q // K, ctx_k.shape[2]
+    assert Q == N * K and mask.context.shape == (B, N, C), f"{tuple(mask.context.shape)} vs {(B, N, C)}"
+    groups = nh // ctx_k.shape[1]
+    if groups > 1:
+        ctx_k, ctx_v, k, v = (x.repeat_interleave(groups, dim=1) for x in (ctx_k, ctx_v, k, v))
+    q = q * hd**-0.5
+    s_own = q.view(B, nh, N, K, hd) @ k.view(B, nh, N, K, hd).transpose(-1, -2)  # [B, nh, N, K, K]
+    v_own = v.view(B, nh, N, K, hd)
+    outs = []
+    for n0, n1, c0, c1 in mask.spans or ((0, N, 0, C),):
+        n, c = n1 - n0, c1 - c0
+        s_ctx = q[:, :, n0 * K : n1 * K] @ ctx_k[:, :, c0:c1].transpose(-1, -2)  # [B, nh, n*K, c]
+        s_ctx = s_ctx.view(B, nh, n, K, c).masked_fill(
+            ~mask.context[:, n0:n1, c0:c1].view(B, 1, n, 1, c), -torch.inf
+        )
+        p = torch.softmax(torch.cat([s_ctx, s_own[:, :, n0:n1]], dim=-1).float(), dim=-1).to(q.dtype)
+        out = p[..., :c].reshape(B, nh, n * K, c) @ ctx_v[:, :, c0:c1]  # [B, nh, n*K, hd]
+        outs.append(out + (p[..., c:] @ v_own[:, :, n0:n1]).reshape(B, nh, n * K, hd))
+    return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+
+
 class SwiGLU(nn.Module):
     """``down(silu(gate(x)) * up(x))``."""
 
@@ -171,12 +221,12 @@ class DraftAttention(nn.Module):
         sin: Tensor,
         ctx_k: Tensor | None,
         ctx_v: Tensor | None,
-        mask: Tensor | None,
+        mask: Tensor | PackedBlockMask | None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Attend from ``x [B, T, in]`` over ``[ctx ; x]``; returns out ``[B, T, H]`` and x's k, v.
 
         ``ctx_k``/``ctx_v`` ``[B, nkv, C, hd]`` are already rotated; ``mask`` is
-        ``[B, 1, T, C + T]`` bool or None.
+        ``[B, 1, T, C + T]`` bool, None, or a :class:`PackedBlockMask` (training's packed blocks).
         """
         B, T, _ = x.shape
         q = self._heads(self.q_proj(x), self.num_heads)  # [B, nh, T, hd]
@@ -184,9 +234,12 @@ class DraftAttention(nn.Module):
             q = self.q_norm(q)
         q = apply_rope(q, cos, sin)
         k, v = self.project_kv(x, cos, sin)  # [B, nkv, T, hd]
-        keys = k if ctx_k is None else torch.cat([ctx_k, k], dim=2)  # [B, nkv, C+T, hd]
-        values = v if ctx_v is None else torch.cat([ctx_v, v], dim=2)
-        out = attend(q, keys, values, mask)  # [B, nh, T, hd]
+        if isinstance(mask, PackedBlockMask):
+            out = attend_packed_blocks(q, ctx_k, ctx_v, k, v, mask)  # [B, nh, T, hd]
+        else:
+            keys = k if ctx_k is None else torch.cat([ctx_k, k], dim=2)  # [B, nkv, C+T, hd]
+            values = v if ctx_v is None else torch.cat([ctx_v, v], dim=2)
+            out = attend(q, keys, values, mask)  # [B, nh, T, hd]
         out = out.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)  # [B, T, nh*hd]
         return self.o_proj(out), k, v
 
@@ -217,7 +270,7 @@ class DraftDecoderLayer(nn.Module):
         sin: Tensor,
         ctx_k: Tensor | None,
         ctx_v: Tensor | None,
-        mask: Tensor | None,
+        mask: Tensor | PackedBlockMask | None,
     ) -> Tensor:
         """Block hidden states ``[B, T, H]`` → ``[B, T, H]``."""
         attn, _, _ = self.self_attn(self.input_layernorm(h), cos, sin, ctx_k, ctx_v, mask)
@@ -300,6 +353,42 @@ def lm_logits(lm_head: nn.Linear, h: Tensor, softcap: float | None) -> Tensor:
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
     return logits
+
+
+def slot_factors(
+    lm_head: nn.Linear,
+    hidden: Tensor,
+    target_hidden: Tensor,
+    positions: Tensor,
+    softcap: float | None,
+    *,
+    rows: Tensor | None = None,
+    low_rank: tuple[Tensor, Tensor] | None = None,
+) -> SlotFactors:
+    """The draft and target logits of every slot as :class:`~dspark.protocols.SlotFactors` (SPEC §6).
+
+    ``hidden [..., K, H]`` are the slots' final-normed draft states; ``target_hidden
+    [B, T, H]`` the target's final-normed last hidden state; ``positions [B, A, K]`` the
+    slots' positions (clamped to T - 1), or ``[N, K]`` with ``rows [N]`` naming each
+    block's batch row; ``low_rank`` the sequential head's ``(u [..., K, r], W_2ᵀ [V, r])``.
+    Blocks overlap — slot k of anchor a and slot k - 1 of anchor a + 1 sit at one
+    position — so the target's rows are kept once per distinct position.
+    """
+    B, T, H = target_hidden.shape
+    if rows is None:
+        rows = torch.arange(B, device=positions.device).view(B, 1).expand(positions.shape[:-1])
+    flat = (rows.unsqueeze(-1) * T + positions.clamp_max(T - 1)).reshape(-1)  # [slots]
+    distinct, inverse = torch.unique(flat, return_inverse=True)  # [U], [slots]
+    u, w2 = low_rank if low_rank is not None else (None, None)
+    return SlotFactors(
+        hidden=hidden,
+        head=lm_head.weight,
+        target_rows=target_hidden.reshape(B * T, H)[distinct],  # [U, H]
+        target_index=inverse.view(hidden.shape[:-1]),
+        softcap=softcap,
+        low_rank_u=u,
+        low_rank_w=w2,
+    )
 
 
 # -- inference state ------------------------------------------------------------------------

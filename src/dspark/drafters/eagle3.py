@@ -43,6 +43,7 @@ from dspark.drafters.common import (
     rope_cos_sin,
     sample_tokens,
     scaled_embedding,
+    slot_factors,
 )
 from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, eagle3_objective
 from dspark.protocols import DraftBlock, SamplingParams, SequenceState, TrainBatch, TrainOutput
@@ -168,20 +169,13 @@ class Eagle3Drafter(nn.Module):
                 keys.append(k_new)
                 values.append(v_new)
             outputs.append(h)
-        hidden = torch.stack(outputs, dim=2)  # [B, A, K, H]
+        hidden = self.norm(torch.stack(outputs, dim=2))  # [B, A, K, H], final-normed
+        softcap = self.dims.logit_softcap
         return TrainOutput(
-            logits=self.logits(hidden),
             labels=layout.labels,
-            target_logits=self._target_logits(batch, layout.positions),
             valid=layout.valid & (anchors >= 1).unsqueeze(-1),
+            factors=slot_factors(self.lm_head, hidden, batch.target_hidden, layout.positions, softcap),
         )
-
-    def _target_logits(self, batch: TrainBatch, positions: Tensor) -> Tensor:
-        B, A, K = positions.shape
-        H = batch.target_hidden.shape[-1]
-        idx = positions.view(B, A * K, 1).clamp_max(batch.target_hidden.shape[1] - 1).expand(-1, -1, H)
-        hidden = batch.target_hidden.gather(1, idx).view(B, A, K, H)  # final-normed already
-        return lm_logits(self.lm_head, hidden.to(self.lm_head.weight.dtype), self.dims.logit_softcap)
 
     def loss(self, out: TrainOutput) -> LossOutput:
         return compute_loss(out, self.config.objective)
