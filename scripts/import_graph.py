@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1] / "src" / "dspark"
 # only layer 0 (``threads``, which must set OpenMP's wait policy before torch loads).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "threads"),
-    ("protocols", "distributed", "conditions", "__init__"),
+    ("protocols", "distributed", "output_folders", "conditions", "__init__"),
     ("sampling", "heads", "targets", "scheduler", "calibration", "tiny"),
     ("decoding", "drafters"),
     ("engine", "presets"),

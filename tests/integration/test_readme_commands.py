@@ -51,7 +51,7 @@ LIMITS: dict[str, list[str]] = {
     "campaign": ["--prompts", "4", "--epochs", "1", "--eval-prompts", "1", "--eval-max-tokens", "8",
                  "--no-progress"],
 }  # fmt: skip
-SERVE_LIMITS = ["--max-batch", "2", "--max-seq-len", "256"]
+SERVE_LIMITS = ["--max-batch", "2", "--max-seq-len", "256", "--host", "127.0.0.1"]  # loopback only
 
 # Commands not run here, by a rule and its reason.
 SKIPS: list[tuple[str, str]] = [
@@ -109,6 +109,15 @@ def skip_reason(line: Line) -> str | None:
     return next((why for rule, why in SKIPS if re.search(rule, line.text)), None)
 
 
+def _env_prefix(words: list[str]) -> tuple[dict[str, str], list[str]]:
+    """``NAME=value dspark ...`` → ``({NAME: value}, ["dspark", ...])``."""
+    env = {}
+    while len(words) > 1 and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+        name, _, value = words[0].partition("=")
+        env[name], words = value, words[1:]
+    return env, words
+
+
 def _verb(words: list[str]) -> str:
     """The verb after `dspark` and its global options (`--threads N`, `-v`)."""
     while words and words[0] in ("--threads", "-v", "--verbose"):
@@ -123,7 +132,7 @@ def test_the_readme_has_commands_and_every_one_is_known():
     for line in lines:
         if skip_reason(line) is not None:
             continue
-        words = shlex.split(line.text)
+        words = _env_prefix(shlex.split(line.text))[1]
         assert words[0] == "dspark", f"README command neither run nor skipped with a reason: {line.text}"
         verb = _verb(words[1:])
         assert verb in LIMITS or verb == "serve", f"README command without small limits here: {line.text}"
@@ -136,7 +145,11 @@ def _free_port() -> int:
 
 
 def _serve(words: list[str], cwd: Path, env: dict[str, str]) -> None:
-    """`dspark serve ...` as written, on a free port: healthy, answers, /metrics, SIGTERM exits 0."""
+    """`dspark serve ...` as written, on a free port: healthy, answers, /metrics, SIGTERM exits 0.
+
+    With ``DSPARK_API_KEY`` in ``env`` a request without the key must get 401."""
+    key = env.get("DSPARK_API_KEY")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     port = _free_port()
     argv = [sys.executable, "-m", "dspark", "--threads", "1", *words, *SERVE_LIMITS, "--port", str(port)]
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -153,9 +166,11 @@ def _serve(words: list[str], cwd: Path, env: dict[str, str]) -> None:
             assert time.monotonic() < deadline, "the server did not become healthy"
             time.sleep(0.5)
         body = {"model": "tiny", "prompt": "Explain the with statement.", "max_tokens": 8, "temperature": 0}
-        reply = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+        if key:
+            assert httpx.post(f"{url}/v1/completions", json=body, timeout=60).status_code == 401
+        reply = httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=60)
         assert reply.status_code == 200 and reply.json()["choices"][0]["text"] is not None
-        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+        metrics = httpx.get(f"{url}/metrics", headers=headers, timeout=10).text
         assert (
             "dspark_drafting_unprofitable_share" in metrics and "dspark_engine_cost_checked_total" in metrics
         )
@@ -169,7 +184,8 @@ def test_every_readme_command_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path))  # SPS profiles go to ~/.cache/dspark
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / ".cache"))  # and campaigns to $XDG_CACHE_HOME/dspark
-    env = {k: v for k, v in os.environ.items()} | {
+    monkeypatch.delenv("DSPARK_API_KEY", raising=False)  # only where a README line sets it
+    env = {k: v for k, v in os.environ.items() if k != "DSPARK_API_KEY"} | {
         "HOME": str(tmp_path),
         "XDG_CACHE_HOME": str(tmp_path / ".cache"),
         "PYTHONPATH": os.pathsep.join(sys.path),
@@ -180,16 +196,20 @@ def test_every_readme_command_runs(tmp_path, monkeypatch, capsys):
         if reason is not None:
             skipped.append((line.text, reason))
             continue
-        words = shlex.split(line.text)[1:]
+        line_env, words = _env_prefix(shlex.split(line.text))
+        words = words[1:]
         verb = _verb(words)
         started = time.perf_counter()
         if verb == "serve":
-            _serve(words, tmp_path, env)
+            _serve(words, tmp_path, env | line_env)
         else:
-            try:
-                code = main(["--threads", "1", *words, *LIMITS[verb]])
-            except SystemExit as e:
-                code = e.code
+            with monkeypatch.context() as m:
+                for name, value in line_env.items():
+                    m.setenv(name, value)
+                try:
+                    code = main(["--threads", "1", *words, *LIMITS[verb]])
+                except SystemExit as e:
+                    code = e.code
             out = capsys.readouterr()
             assert code == 0, f"`{line.text}` exited {code}: {out.err[-2000:]}"
         ran.append((line.text, time.perf_counter() - started))
@@ -199,7 +219,7 @@ def test_every_readme_command_runs(tmp_path, monkeypatch, capsys):
         for text, reason in skipped:
             print(f"\n  skipped ({reason}): {text}", end="")
         print()
-    verbs = {_verb(shlex.split(t)[1:]) for t, _ in ran}
+    verbs = {_verb(_env_prefix(shlex.split(t))[1][1:]) for t, _ in ran}
     assert {
         "generate",
         "data regenerate",
@@ -222,6 +242,7 @@ def test_every_readme_command_runs(tmp_path, monkeypatch, capsys):
         ),
         ("dspark eval --bench math \\\n  --limit 2  # a comment", ["dspark eval --bench math --limit 2"]),
         ("T=Qwen/Qwen3-8B       # or a local folder", []),
+        ("DSPARK_API_KEY=... dspark serve  # a key", ["DSPARK_API_KEY=... dspark serve"]),
         ('dspark generate --prompt "..." --json', ["dspark generate --prompt ... --json"]),
         (
             "nohup dspark --threads 1 campaign --target tiny > campaign.log 2>&1 &",

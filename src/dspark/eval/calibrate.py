@@ -43,6 +43,41 @@ def write_temperatures(folder: Path, temperatures: tuple[float, ...]) -> None:
     os.replace(tmp, path)
 
 
+def _check(folder: Path) -> dict:
+    from dspark.drafters.folder import DRAFTER_FILES
+
+    return {"flag": "--save-to", "inputs": [folder], "legacy_names": DRAFTER_FILES}
+
+
+def check_save_to(folder: Path, save_to: Path) -> None:
+    """Refuse a ``--save-to`` that would lose data, before any work is done."""
+    from dspark.output_folders import check_replaceable
+
+    check_replaceable(save_to, **_check(folder))
+
+
+def save_calibrated_copy(folder: Path, save_to: Path, temperatures: tuple[float, ...] | None) -> Path:
+    """A copy of the drafter folder with the temperatures (None: unchanged), at ``save_to``: never
+    replacing a folder dspark did not write, nor one that holds the source (:mod:`dspark.output_folders`)."""
+    from dspark.drafters.folder import DRAFTER_FILES
+    from dspark.output_folders import publish_folder
+
+    check = _check(folder)
+    check_save_to(folder, save_to)  # before anything is copied
+    save_to.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{save_to.name}.", dir=save_to.parent))
+    try:
+        for name in DRAFTER_FILES:
+            if (folder / name).is_file():
+                shutil.copyfile(folder / name, tmp / name)
+        if temperatures is not None:
+            write_temperatures(tmp, temperatures)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return publish_folder(tmp, save_to, command="calibrate", **check)
+
+
 def _fmt(v: float | None, pct: bool = False) -> str:
     if v is None:
         return "–"
@@ -142,6 +177,8 @@ def calibrate_drafter(
         raise DsparkError(f"--holdout-fraction must be in [0, 1), got {holdout_fraction}")
     if bins < 1:
         raise DsparkError("--bins must be >= 1")
+    if save_to is not None and not dry_run:  # refuse before the (long) decoding, not after
+        check_save_to(folder, save_to)
     drafter = load_drafter(folder, target)
     result = run_eval(target, {"drafter": drafter}, benchmarks, dataclasses.replace(config, baseline=False))
     parts, offset = [], 0
@@ -166,12 +203,11 @@ def calibrate_drafter(
     written = None
     if not dry_run:
         target_folder = save_to or folder
-        if save_to is not None:
-            if save_to.exists():
-                shutil.rmtree(save_to)
-            shutil.copytree(folder, save_to)
+        if save_to is not None:  # the copy is made either way; it gets temperatures only if they help
+            save_calibrated_copy(folder, save_to, temperatures if improved else None)
+        elif improved:
+            write_temperatures(folder, temperatures)
         if improved:
-            write_temperatures(target_folder, temperatures)
             reloaded = load_drafter(target_folder, target)  # the strict loader accepts what we wrote
             assert tuple(reloaded.config.sts_temperatures) == temperatures
             written = str(target_folder)
