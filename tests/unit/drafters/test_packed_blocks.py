@@ -172,11 +172,13 @@ def test_outputs_do_not_depend_on_packing(target, name):
     with torch.no_grad():
         packed = drafter.forward_train(batch)
         alone = [drafter.forward_train(row_alone(batch, b, n)) for b, n in ((0, 20), (1, 13))]
-    logits = torch.cat([a.logits for a in alone], dim=1)
-    torch.testing.assert_close(packed.logits, logits, atol=1e-5, rtol=1e-5)
-    valid = packed.valid  # past a row's end the target row is padding or clamped: never supervised
+    # Past a row's end a slot reads padding (packed) or a clamped position (alone): never supervised.
+    valid = packed.valid
     assert torch.equal(valid, torch.cat([a.valid for a in alone], dim=1)) and valid.sum() > 20
+    logits = torch.cat([a.logits for a in alone], dim=1)
+    torch.testing.assert_close(packed.logits[valid], logits[valid], atol=1e-5, rtol=1e-5)
     target_alone = torch.cat([a.target_logits for a in alone], 1)
     torch.testing.assert_close(packed.target_logits[valid], target_alone[valid])
     if packed.confidences is not None:
-        torch.testing.assert_close(packed.confidences, torch.cat([a.confidences for a in alone], 1))
+        alone_conf = torch.cat([a.confidences for a in alone], 1)
+        torch.testing.assert_close(packed.confidences[valid], alone_conf[valid])
