@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1] / "src" / "dspark"
 # Lowest first. A package may import the packages of any lower layer, none of its own or above.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
-    ("protocols", "distributed"),
+    ("protocols", "distributed", "output_folders"),
     ("sampling", "heads", "targets", "scheduler", "calibration", "tiny"),
     ("decoding", "drafters"),
     ("engine", "presets"),

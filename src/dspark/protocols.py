@@ -68,6 +68,19 @@ class DraftBlock:
     def max_len(self) -> int:
         return self.tokens.shape[1]
 
+    def invalid_rows(self) -> torch.Tensor:
+        """``[R]`` bool: requests whose proposed positions are not distributions (NaN/inf, no
+        mass) or have non-finite confidences — a corrupt drafter; sampling from them is undefined."""
+        valid = torch.arange(self.max_len) < self.lengths.cpu().unsqueeze(-1)  # [R, K]
+        if self.probs is None:
+            ok = torch.ones(valid.shape, dtype=torch.bool)
+        else:
+            mass = self.probs.sum(dim=-1).cpu()  # [R, K]; non-finite iff some entry is
+            ok = torch.isfinite(mass) & (mass > 0)
+        if self.confidences is not None:
+            ok &= torch.isfinite(self.confidences.cpu())
+        return (valid & ~ok).any(dim=-1)
+
     @staticmethod
     def empty(num_requests: int, vocab_size: int) -> DraftBlock:
         return DraftBlock(
@@ -175,9 +188,10 @@ class GenerationResult:
 
     token_ids: list[int]  # generated tokens only
     text: str
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "cancelled" | "error" (the engine failed this request)
     rounds: list[RoundLog] = field(default_factory=list)
     seconds: float = 0.0
+    error: str | None = None  # with finish_reason "error": what went wrong
 
     @property
     def tau(self) -> float:

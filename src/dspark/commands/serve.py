@@ -31,10 +31,24 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for every interface)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (0 = any free port)")
     p.add_argument(
-        "--model-name", default=None, help="the model id clients send (default: --target, or 'tiny')"
+        "--model-name",
+        default=None,
+        help="the model id clients send (default: the --target folder's name or hub id, or 'tiny')",
     )
     p.add_argument(
-        "--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health"
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on every route but /health (visible in ps: prefer "
+        "--api-key-file or the DSPARK_API_KEY environment variable)",
+    )
+    p.add_argument(
+        "--api-key-file", default=None, help="read the API key from this file (instead of --api-key)"
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=positive_int,
+        default=None,
+        help="largest request body (default: room for the longest prompt that fits the context); more: 413",
     )
     p.add_argument("--max-batch", type=positive_int, default=32, help="KV slots: requests decoded at once")
     p.add_argument(
@@ -69,13 +83,14 @@ def main_serve(args: argparse.Namespace) -> int:
 
     Routes: POST /v1/completions, POST /v1/chat/completions (``"stream": true`` for SSE),
     GET /v1/models, GET /health (503 when the engine is dead or draining), GET /metrics
-    (Prometheus), GET /docs and /openapi.json.
+    (Prometheus), GET /openapi.json.
     """
     from dspark.commands.loading import load_target
     from dspark.drafters.registry import build_drafter
     from dspark.engine import Engine, EngineConfig
     from dspark.engine.worker import EngineWorker
     from dspark.server.app import create_app
+    from dspark.server.identity import resolve_api_key, served_model_name
     from dspark.server.uvicorn_runner import serve
 
     if args.max_queue < 0:
@@ -91,12 +106,15 @@ def main_serve(args: argparse.Namespace) -> int:
         )
     except ValueError as e:
         raise DsparkError(str(e)) from None
+    api_key = resolve_api_key(args.api_key, args.api_key_file)
+    model_name = served_model_name(args.target, args.model_name)
     sock = _listen(args.host, args.port)
     target = load_target(args.target)
     drafter = build_drafter(args.drafter, target)
     worker = EngineWorker(Engine(target, drafter, config))
-    model_name = args.model_name or args.target or "tiny"
-    app = create_app(worker, model_name, api_key=args.api_key, max_queue=args.max_queue)
+    app = create_app(
+        worker, model_name, api_key=api_key, max_queue=args.max_queue, max_body_bytes=args.max_body_bytes
+    )
     host, port = sock.getsockname()[:2]
     print(
         f"dspark: serving {model_name!r} at http://{host}:{port} (drafter {args.drafter}, "

@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 
 from dspark.data.chat import Messages, chat_prompt_ids
 from dspark.data.prompts import Prompt, dedup_prompts
-from dspark.data.records import JsonlAppender, read_records
+from dspark.data.records import JsonlAppender, WriterLock, read_records
 from dspark.engine.engine import Engine, EngineConfig
 from dspark.engine.worker import EngineDeadError, EngineWorker
 from dspark.errors import DsparkError
@@ -224,8 +224,33 @@ async def regenerate_async(
     params: SamplingParams,
     config: RegenerateConfig = RegenerateConfig(),
 ) -> RegenerateSummary:
-    """Answer every prompt not yet in ``out_path``; append records and failures as they come."""
-    prompts = dedup_prompts(prompts)
+    """Answer every prompt not yet in ``out_path``; append records and failures as they come.
+
+    One run at a time per ``out_path``: a second one refuses (:class:`WriterLock`), else
+    both would answer every prompt and write it twice.
+    """
+    lock = WriterLock(out_path, "another regeneration")
+    try:
+        lock.__enter__()
+    except DsparkError:
+        await backend.aclose()
+        raise
+    try:
+        return await _regenerate_locked(
+            dedup_prompts(prompts), backend, out_path, errors_path, params, config
+        )
+    finally:
+        lock.__exit__()
+
+
+async def _regenerate_locked(
+    prompts: list[Prompt],
+    backend: AnswerBackend,
+    out_path: str | Path,
+    errors_path: str | Path,
+    params: SamplingParams,
+    config: RegenerateConfig,
+) -> RegenerateSummary:
     done_ids = {r.get("id") for r in read_records(out_path)}
     permanent = {e.get("id") for e in read_records(errors_path) if not e.get("retryable", True)} - done_ids
     todo = [p for p in prompts if p.key not in done_ids and p.key not in permanent]

@@ -75,14 +75,19 @@ def read_jsonl(path: str | Path) -> list[dict]:
     if not path.is_file():
         raise DataError(f"no training data at {path}")
     records = []
-    with open(path) as f:
+    with open(path, "rb") as f:
         for n, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             try:
-                records.append(json.loads(line))
+                record = json.loads(line.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{n}: not UTF-8 text (byte {e.start})") from None
             except json.JSONDecodeError as e:
                 raise DataError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+            if not isinstance(record, dict):
+                raise DataError(f"{path}:{n}: expected a JSON object, got {type(record).__name__}")
+            records.append(record)
     return records
 
 
@@ -90,22 +95,39 @@ def conversation_of(record: Mapping[str, Any], where: str = "record") -> list[di
     """The ``[{"role", "content"}, ...]`` messages of a record in either shape."""
     if "conversations" in record:
         messages = []
+        if not isinstance(record["conversations"], list):
+            raise DataError(f"{where}: 'conversations' must be a list of messages")
         for m in record["conversations"]:
+            if not isinstance(m, Mapping):
+                raise DataError(f"{where}: a message must be an object, got {m!r:.60}")
             role = m.get("role", m.get("from"))
             content = m.get("content", m.get("value"))
             if role not in _SHAREGPT_ROLES or not isinstance(content, str):
                 raise DataError(f"{where}: bad message {m!r}")
             messages.append({"role": _SHAREGPT_ROLES[role], "content": content})
-        return messages
+        return _valid_unicode(messages, where)
     answers = record.get("answers", record.get("responses"))
     if "turns" not in record or answers is None:
         raise DataError(f"{where}: expected 'conversations', or 'turns' with 'answers'/'responses'")
     turns = record["turns"]
+    texts = (turns, answers)
+    if not all(isinstance(t, list) and all(isinstance(x, str) for x in t) for t in texts):
+        raise DataError(f"{where}: 'turns' and the answers must be lists of strings")
     if len(answers) > len(turns):
         raise DataError(f"{where}: {len(answers)} answers for {len(turns)} turns")
     messages = [{"role": "system", "content": record["system"]}] if record.get("system") else []
     for user, answer in zip(turns, answers):
         messages += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+    return _valid_unicode(messages, where)
+
+
+def _valid_unicode(messages: list[dict[str, str]], where: str) -> list[dict[str, str]]:
+    """Refuse text no tokenizer can take (a lone surrogate, as JSON's ``"\\ud800"`` decodes)."""
+    for m in messages:
+        try:
+            str(m["content"]).encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise DataError(f"{where}: a {m['role']} message has an invalid character ({e.reason})") from None
     return messages
 
 

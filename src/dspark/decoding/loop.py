@@ -161,6 +161,10 @@ def speculative_generate(
             if drafter is not None and max_len > 0
             else DraftBlock.empty(1, target.vocab_size)
         )
+        if bool(block.invalid_rows().any()):
+            raise DsparkError(
+                "the drafter produced non-finite probabilities (corrupt drafter weights?); decoding stopped"
+            )
         emitted, accepted, new_features = _round(target, drafter, req, block)
         cut = commit(emitted, int(block.lengths[0]), accepted)
         if on_round is not None:

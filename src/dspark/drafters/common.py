@@ -493,7 +493,9 @@ def sample_tokens(
 ) -> Tensor:
     """One token per row of ``probs [R, V]`` or ``[R, K, V]``: argmax if greedy, else a draw.
 
-    Request r draws from its own generator, so its drafts depend on its own seed only.
+    Request r draws from its own generator, so its drafts depend on its own seed only. A
+    row that is not a distribution (NaN/inf, no mass: a corrupt drafter) is not drawn
+    from; it keeps its argmax and the caller (the engine) fails that request on its probs.
     """
     if probs.dim() == 2:
         return sample_tokens(probs.unsqueeze(1), sampling, generators).squeeze(1)
@@ -501,7 +503,10 @@ def sample_tokens(
     tokens = probs.argmax(dim=-1)  # [R, K]
     for r, (params, g) in enumerate(zip(sampling, generators)):
         if not params.greedy and K > 0:
-            tokens[r] = torch.multinomial(probs[r].float(), 1, generator=g).squeeze(-1)  # [K]
+            p = probs[r].float()  # [K, V]
+            mass = p.sum(dim=-1)  # [K]; non-finite iff some entry is
+            if bool((torch.isfinite(mass) & (mass > 0)).all()):
+                tokens[r] = torch.multinomial(p, 1, generator=g).squeeze(-1)  # [K]
     return tokens
 
 

@@ -40,7 +40,7 @@ from dspark.decoding.stopping import cut_round
 from dspark.engine.config import DEFAULT_MAX_SEQ_LEN, EngineConfig, EngineStats
 from dspark.engine.kv import KVMemory
 from dspark.engine.profile import load_or_profile
-from dspark.engine.requests import OnTokens, Request, TokenEvent
+from dspark.engine.requests import OnTokens, Request, RequestFailedError, TokenEvent
 from dspark.errors import DsparkError, PromptTooLongError
 from dspark.protocols import DraftBlock, Drafter, GenerationResult, RoundLog, SamplingParams, SequenceState
 from dspark.sampling import batch_probs, verify
@@ -170,7 +170,11 @@ class Engine:
         ids = [self.submit(p, sp) for p, sp in zip(prompts, params, strict=True)]
         while self.has_work():
             self.step()
-        return [self.pop_result(i) for i in ids]
+        results = [self.pop_result(i) for i in ids]
+        failed = next((r for r in results if r.finish_reason == "error"), None)
+        if failed is not None:
+            raise RequestFailedError(failed.error)
+        return results
 
     # -- one step -----------------------------------------------------------------------
 
@@ -187,6 +191,11 @@ class Engine:
         if not decoding and not prefill:
             return []
         block, drafting = self._draft(decoding)
+        failed = [TokenEvent(r.id, [], "error") for r in decoding if r.finish_reason == "error"]
+        if failed:
+            decoding = [r for r in decoding if r.finish_reason is None]
+            if not decoding and not prefill:
+                return failed
         lengths = self._schedule(decoding, block, drafting, sum(n for _, n in prefill))
 
         runs, ids, offsets = [], [], []
@@ -220,7 +229,7 @@ class Engine:
                 req.state.features = req.features.append(out.features[prefill_offset : prefill_offset + n])
             self.kv.set_length(req.id, self.kv.length(req.id) + n)
             prefill_offset += n
-        events = self._verify_and_commit(decoding, block, drafting, lengths, out, offsets)
+        events = failed + self._verify_and_commit(decoding, block, drafting, lengths, out, offsets)
 
         self._step_index += 1
         s = self.stats
@@ -291,8 +300,31 @@ class Engine:
         per_request = elapsed / len(chosen)
         prev = self._draft_s_per_request
         self._draft_s_per_request = per_request if prev is None else 0.9 * prev + 0.1 * per_request
+        block, chosen = self._drop_non_finite(block, chosen)
         self.stats.drafted += int(block.lengths.sum())
         return block, {r.id: i for i, r in enumerate(chosen)}
+
+    def _drop_non_finite(self, block: DraftBlock, chosen: list[Request]) -> tuple[DraftBlock, list[Request]]:
+        """Fail the requests whose drafts are not distributions (a corrupt drafter: NaN/inf).
+
+        Sampling from them is undefined, and their confidences would poison the shared
+        estimator; every other request of the batch goes on.
+        """
+        bad = block.invalid_rows()  # [R]
+        if not bool(bad.any()):
+            return block, chosen
+        for req in (r for r, b in zip(chosen, bad.tolist()) if b):
+            logger.warning("request %d: the drafter produced non-finite probabilities; failing it", req.id)
+            req.error = (
+                "the drafter produced non-finite probabilities for this request (corrupt drafter weights?); "
+                "the request was stopped"
+            )
+            self._finish(req, "error", None)
+        keep = torch.nonzero(~bad).squeeze(-1)  # [R'] rows that stay
+        rows = keep.to(block.tokens.device)
+        pick = lambda t: None if t is None else t[rows.to(t.device)]  # noqa: E731
+        kept = DraftBlock(pick(block.tokens), pick(block.lengths), pick(block.probs), pick(block.confidences))
+        return kept, [chosen[i] for i in keep.tolist()]
 
     def _schedule(
         self, decoding: list[Request], block: DraftBlock, drafting: dict[int, int], base_tokens: int

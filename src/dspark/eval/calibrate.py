@@ -41,6 +41,40 @@ def write_temperatures(folder: Path, temperatures: tuple[float, ...]) -> None:
     os.replace(tmp, path)
 
 
+def _check(folder: Path) -> dict:
+    from dspark.drafters.folder import DRAFTER_FILES
+
+    return {"flag": "--save-to", "inputs": [folder], "legacy_names": DRAFTER_FILES}
+
+
+def check_save_to(folder: Path, save_to: Path) -> None:
+    """Refuse a ``--save-to`` that would lose data, before any work is done."""
+    from dspark.output_folders import check_replaceable
+
+    check_replaceable(save_to, **_check(folder))
+
+
+def save_calibrated_copy(folder: Path, save_to: Path, temperatures: tuple[float, ...]) -> Path:
+    """A copy of the drafter folder with the temperatures, at ``save_to``: never replacing a
+    folder dspark did not write, nor one that holds the source (:mod:`dspark.output_folders`)."""
+    from dspark.drafters.folder import DRAFTER_FILES
+    from dspark.output_folders import publish_folder
+
+    check = _check(folder)
+    check_save_to(folder, save_to)  # before anything is copied
+    save_to.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{save_to.name}.", dir=save_to.parent))
+    try:
+        for name in DRAFTER_FILES:
+            if (folder / name).is_file():
+                shutil.copyfile(folder / name, tmp / name)
+        write_temperatures(tmp, temperatures)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return publish_folder(tmp, save_to, command="calibrate", **check)
+
+
 def _fmt(v: float | None, pct: bool = False) -> str:
     if v is None:
         return "–"
@@ -116,6 +150,8 @@ def calibrate_drafter(
         raise DsparkError(f"--holdout-fraction must be in [0, 1), got {holdout_fraction}")
     if bins < 1:
         raise DsparkError("--bins must be >= 1")
+    if save_to is not None and not dry_run:  # refuse before the (long) decoding, not after
+        check_save_to(folder, save_to)
     drafter = load_drafter(folder, target)
     result = run_eval(target, {"drafter": drafter}, benchmarks, dataclasses.replace(config, baseline=False))
     parts, offset = [], 0
@@ -139,10 +175,9 @@ def calibrate_drafter(
     if not dry_run:
         target_folder = save_to or folder
         if save_to is not None:
-            if save_to.exists():
-                shutil.rmtree(save_to)
-            shutil.copytree(folder, save_to)
-        write_temperatures(target_folder, temperatures)
+            save_calibrated_copy(folder, save_to, temperatures)
+        else:
+            write_temperatures(target_folder, temperatures)
         reloaded = load_drafter(target_folder, target)  # the strict loader accepts what we wrote
         assert tuple(reloaded.config.sts_temperatures) == temperatures
         written = str(target_folder)

@@ -154,6 +154,13 @@ class TargetAdapter:
         except (OSError, ValueError) as e:  # HF raises these for missing / invalid repos and files
             where = "local folder" if local.exists() else "hub model (or its cache, when offline)"
             raise TargetLoadError(f"cannot load target {source!r} as a {where}: {e}") from e
+        except Exception as e:  # a malformed config.json fails anywhere in HF (TypeError, ZeroDivisionError)
+            logger.debug("loading the target failed", exc_info=True)
+            reason = (str(e).strip().splitlines() or [""])[0]
+            raise TargetLoadError(
+                f"cannot load target {source!r}: its config or files are malformed "
+                f"({type(e).__name__}: {reason})"
+            ) from e
         return cls(model.to(device), tokenizer, target_layer_ids=target_layer_ids)
 
     # -- properties -------------------------------------------------------------------
