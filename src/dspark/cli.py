@@ -223,6 +223,10 @@ def _add_bench_decode(p: argparse.ArgumentParser) -> None:
         help="also decode each drafter through the batched engine (one slot) with these comma-separated "
         "verification policies, as methods DRAFTER@POLICY (e.g. prefix,fixed)",
     )
+    p.add_argument(
+        "--temperature", type=_non_negative_float, default=0.0, help="0 = greedy (default); > 0 samples"
+    )
+    p.add_argument("--verify-k", default="8", help="comma-separated k for the verify-k / decode-1 cost ratio")
     p.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
 
 
@@ -259,11 +263,16 @@ def main_bench_decode(args: argparse.Namespace) -> int:
             hf_prompt_lookup=args.hf_prompt_lookup,
             hf_assistant=assistant,
             engines=engines,
+            temperature=args.temperature,
         )
-        out += [{"bench": bench, **row} for row in result.rows()]
-    ratio = verify_cost_ratio(target, k=8)
+        if result.skipped:
+            logging.getLogger("dspark").warning(
+                "%s: skipped %d prompts that do not fit", bench, result.skipped
+            )
+        out += [{"bench": bench, "skipped": result.skipped, **row} for row in result.rows()]
+    ratios = {int(k): verify_cost_ratio(target, k=int(k)) for k in args.verify_k.split(",")}
     if args.json:
-        print(json.dumps({"rows": out, "verify8_over_decode1": ratio}, indent=2))
+        print(json.dumps({"rows": out, "verify_k_over_decode1": ratios}, indent=2))
     else:
         print(f"{'bench':<24}{'method':<18}{'tok/s':>9}{'tau':>7}{'speedup':>9}  identical")
         for r in out:
@@ -271,7 +280,8 @@ def main_bench_decode(args: argparse.Namespace) -> int:
                 f"{r['bench'][-24:]:<24}{r['method']:<18}{r['tokens_per_s']:>9.1f}{r['tau']:>7.2f}"
                 f"{r['speedup']:>9.3f}  {r['identical_to_baseline']}"
             )
-        print(f"verify 8 tokens / decode 1 token: {ratio:.2f}x")
+        for k, ratio in ratios.items():
+            print(f"verify {k} tokens / decode 1 token: {ratio:.2f}x")
     return 0
 
 

@@ -53,6 +53,7 @@ class DFlashConfig:
     block_size: int = 7  # γ: slots per block = drafts per round
     target_layer_ids: tuple[int, ...] | None = None  # None = the target adapter's
     mask_token_id: int | None = None  # None = the tokenizer's mask token (Qwen3: 151669)
+    mask_embedding: bool = False  # a trainable mask input instead of a token (drafters/mask.py)
     objective: ObjectiveConfig = field(default_factory=dflash_objective)
 
     def __post_init__(self) -> None:
@@ -77,14 +78,15 @@ class DFlashBackbone(nn.Module):
         block_size: int,
         target_layer_ids: tuple[int, ...] | None,
         mask_token_id: int | None,
+        mask_embedding: bool = False,
     ) -> None:
         super().__init__()
-        if target_layer_ids is None or mask_token_id is None:
+        if target_layer_ids is None or (mask_token_id is None and not mask_embedding):
             raise ValueError("target_layer_ids and mask_token_id must be set (from_target fills them)")
         self.dims = dims
         self.block_size = block_size
         self.target_layer_ids = tuple(target_layer_ids)
-        self.mask_token_id = int(mask_token_id)
+        self.mask_token_id = None if mask_embedding else int(mask_token_id)
         H, V, L = dims.hidden_size, dims.vocab_size, len(self.target_layer_ids)
         self.embed_tokens = nn.Embedding(V, H)
         self.fc = nn.Linear(L * H, H, bias=False)
@@ -92,6 +94,8 @@ class DFlashBackbone(nn.Module):
         self.layers = nn.ModuleList(DraftDecoderLayer(dims) for _ in range(num_layers))
         self.norm = RMSNorm(H, dims.rms_norm_eps)
         self.lm_head = nn.Linear(H, V, bias=False)
+        # The drafter's own mask input when the tokenizer has no mask token (drafters/mask.py).
+        self.mask_embedding = nn.Parameter(torch.zeros(H)) if mask_embedding else None
         init_weights(self, dims.initializer_range)
         self.embed_tokens.weight.requires_grad_(False)
         self.lm_head.weight.requires_grad_(False)
@@ -120,6 +124,14 @@ class DFlashBackbone(nn.Module):
         ids[..., 0] = anchor_ids
         return ids
 
+    def block_embeddings(self, anchor_ids: Tensor) -> Tensor:
+        """Block inputs ``[..., K, H]``: the anchor's embedding, then the mask input in every slot."""
+        if self.mask_embedding is None:
+            return self.embed(self._block_inputs(anchor_ids))
+        anchor = self.embed(anchor_ids).unsqueeze(-2)  # [..., 1, H]
+        mask = self.mask_embedding.to(anchor.dtype).expand(*anchor_ids.shape, self.block_size - 1, -1)
+        return torch.cat([anchor, mask], dim=-2)  # [..., K, H]
+
     # -- training ----------------------------------------------------------------------------
 
     def block_hidden_train(self, batch: TrainBatch, layout: BlockLayout) -> Tensor:
@@ -133,7 +145,7 @@ class DFlashBackbone(nn.Module):
         h_ctx = self.context_features(batch.features)  # [B, T, H]
         cos_c, sin_c = self._rope(torch.arange(T, device=h_ctx.device).expand(B, T))  # [B, T, hd]
         anchor_ids = batch.input_ids.gather(1, layout.anchors.clamp_min(0))  # [B, A]
-        h = self.embed(self._block_inputs(anchor_ids)).view(B, A * K, H).to(h_ctx.dtype)  # [B, A*K, H]
+        h = self.block_embeddings(anchor_ids).view(B, A * K, H).to(h_ctx.dtype)  # [B, A*K, H]
         cos_q, sin_q = self._rope(layout.positions.view(B, A * K))  # [B, A*K, hd]
         mask = block_attention_mask(layout.anchors, T, K)  # [B, 1, A*K, T + A*K]
         for layer in self.layers:
@@ -187,7 +199,7 @@ class DFlashBackbone(nn.Module):
         positions = anchor_pos.unsqueeze(-1) + torch.arange(self.block_size, device=device)  # [R, K]
         cos, sin = self._rope(positions)  # [R, K, hd]
         mask = padded_context_mask(lengths, kv.shape[4], self.block_size, self.block_size)
-        h = self.embed(self._block_inputs(anchors)).to(kv.dtype)  # [R, K, H]
+        h = self.block_embeddings(anchors).to(kv.dtype)  # [R, K, H]
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, kv[i, 0], kv[i, 1], mask)
         return self.norm(h)
@@ -221,6 +233,7 @@ class DFlashDrafter(DFlashBackbone):
             block_size=config.block_size,
             target_layer_ids=config.target_layer_ids,
             mask_token_id=config.mask_token_id,
+            mask_embedding=config.mask_embedding,
         )
         self.config = config
 

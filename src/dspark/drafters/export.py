@@ -77,6 +77,12 @@ def _engine_common(config: dict[str, Any]) -> None:
 
 def _deepspec_engine_layout(config, state, drafter):
     """DSpark/DFlash for vLLM/SGLang: DeepSpec's fields + the nested ``dflash_config``."""
+    if config.get("mask_embedding"):
+        raise ExportError(
+            "this drafter learned its own mask embedding (its target's tokenizer has no mask token); "
+            "DeepSpec's layout, vLLM and SGLang need a mask_token_id: retrain it with --mask-token TOKEN "
+            "to serve it there, or export it with --format hf"
+        )
     _engine_common(config)
     config["dflash_config"] = {
         "target_layer_ids": list(config["target_layer_ids"]),

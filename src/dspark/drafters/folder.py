@@ -120,7 +120,7 @@ def _check_against_target(raw: dict[str, Any], kind: DrafterKind, target: Target
         validate_layer_ids(ids, target.num_layers)
     except (ValueError, TypeError) as e:
         problems.append(f"target_layer_ids {ids}: {e}")
-    if kind.uses_mask_token:
+    if kind.uses_mask_token and not raw.get("mask_embedding"):
         mask = raw.get("mask_token_id")
         if not isinstance(mask, int) or not 0 <= mask < target.vocab_size:
             problems.append(

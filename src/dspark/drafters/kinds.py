@@ -38,6 +38,7 @@ def _block_fields(
         "num_target_layers": num_target_layers,
         "target_layer_ids": list(config.target_layer_ids),
         "mask_token_id": config.mask_token_id,
+        **({"mask_embedding": True} if config.mask_embedding else {}),
         "markov_rank": markov_rank,
         "markov_head_type": head,
         "enable_confidence_head": conf,
@@ -87,6 +88,7 @@ def _dspark_config(raw: dict[str, Any]) -> DSparkConfig:
         block_size=raw["block_size"],
         target_layer_ids=tuple(raw["target_layer_ids"]),
         mask_token_id=raw["mask_token_id"],
+        mask_embedding=bool(raw.get("mask_embedding", False)),
         markov_rank=raw.get("markov_rank", 0),
         markov_head_type=raw.get("markov_head_type", "vanilla"),
         enable_confidence_head=raw.get("enable_confidence_head", False),
@@ -101,6 +103,7 @@ def _dflash_config(raw: dict[str, Any]) -> DFlashConfig:
         block_size=raw["block_size"],
         target_layer_ids=tuple(raw["target_layer_ids"]),
         mask_token_id=raw["mask_token_id"],
+        mask_embedding=bool(raw.get("mask_embedding", False)),
     )
 
 

@@ -29,7 +29,8 @@ def test_defaults_are_valid_and_spread(num_layers):
 
 
 def test_user_ids_may_include_embeddings_and_any_order():
-    assert validate_layer_ids([-1, 5, 2], 8) == (-1, 5, 2)
+    with pytest.raises(ValueError, match="ascending"):
+        validate_layer_ids([-1, 5, 2], 8)
 
 
 @pytest.mark.parametrize("bad", [(7,), (-2,), (8,), (1, 1)])
