@@ -227,6 +227,11 @@ def _add_bench_decode(p: argparse.ArgumentParser) -> None:
         "--temperature", type=_non_negative_float, default=0.0, help="0 = greedy (default); > 0 samples"
     )
     p.add_argument("--verify-k", default="8", help="comma-separated k for the verify-k / decode-1 cost ratio")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="a prompt that does not fit the context is an error (default: skipped)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
 
 
@@ -264,6 +269,7 @@ def main_bench_decode(args: argparse.Namespace) -> int:
             hf_assistant=assistant,
             engines=engines,
             temperature=args.temperature,
+            strict=args.strict,
         )
         if result.skipped:
             logging.getLogger("dspark").warning(

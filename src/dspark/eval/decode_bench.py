@@ -21,6 +21,7 @@ from transformers import GenerationConfig
 from dspark.data.prompts import Prompt
 from dspark.decoding import speculative_generate
 from dspark.engine import Engine, EngineConfig
+from dspark.errors import PromptTooLongError
 from dspark.protocols import Drafter, SamplingParams
 from dspark.targets import TargetAdapter
 
@@ -123,6 +124,7 @@ def bench_decode(
     engines: dict[str, Engine] | None = None,
     temperature: float = 0.0,
     seed: int = 0,
+    strict: bool = False,
 ) -> DecodeBenchResult:
     """Decode every prompt greedily with each method; see the module docstring.
 
@@ -132,7 +134,7 @@ def bench_decode(
     ``temperature > 0`` samples (every method at that temperature, ours seeded per
     prompt); outputs then differ between methods and only the speeds compare.
     Prompts whose ids plus ``max_tokens`` do not fit the target's context are skipped
-    and counted in ``result.skipped``.
+    and counted in ``result.skipped`` (``strict``: an error instead).
     """
     engines = engines or {}
     hf_assist = {}
@@ -146,6 +148,11 @@ def bench_decode(
     for i, prompt in enumerate(tqdm(prompts, desc="decode bench", unit="prompt")):
         ids = chat_prompt_ids(target, prompt)
         if len(ids) + max_tokens > target.max_context:
+            if strict:
+                raise PromptTooLongError(
+                    f"{prompt.source}: {len(ids)} prompt tokens + {max_tokens} new ones exceed the "
+                    f"target's context of {target.max_context}"
+                )
             skipped += 1
             continue
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed + i)
