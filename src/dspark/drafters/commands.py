@@ -17,8 +17,10 @@ def add_export_args(p: argparse.ArgumentParser) -> None:
         required=True,
         choices=FORMATS,
         dest="fmt",
-        help="vllm / sglang: the layout those engines load (DeepSpec's for DSpark/DFlash, "
-        "LlamaForCausalLMEagle3 for Eagle3); hf: our own folder layout",
+        help="vllm: for `vllm serve TARGET --speculative-config` (method dspark or eagle3); "
+        "speculators: for `vllm serve FOLDER`; sglang: for --speculative-algorithm DSPARK/EAGLE3 "
+        "(with its STS JSON); hf: our own folder, DeepSpec's layout for DSpark/DFlash. "
+        "What an engine cannot represent is refused with the reason",
     )
     p.add_argument(
         "--drafter",
@@ -36,17 +38,26 @@ def add_export_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="weight dtype (default: bf16)")
     p.add_argument("--force", action="store_true", help="replace an existing drafter folder at --out")
+    p.add_argument(
+        "--sps-table",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="--format sglang only: an SPS(B) table measured on the serving machine (ours from "
+        "`dspark profile`, or SGLang's), written as sglang_sps_table.json for its DSpark scheduler",
+    )
 
 
 def main_export(args: argparse.Namespace) -> int:
     """Export a drafter for vLLM, SGLang or HF, validated by re-loading it; SERVE.md has the commands."""
-    from dspark.drafters.export import DTYPES, SERVE_NAME, export_drafter
+    from dspark.drafters.export import DTYPES, SERVE_NAME, export_drafter, read_sps_table
     from dspark.drafters.folder import EXPORT_MANIFEST
     from dspark.drafters.kinds import KINDS
     from dspark.drafters.registry import build_drafter, shipped_drafter_dir
     from dspark.presets.tiny import resolve_target
     from dspark.targets import TargetAdapter
 
+    sps_table = read_sps_table(args.sps_table) if args.sps_table is not None else None
     target_name = resolve_target(args.target)
     target = TargetAdapter.from_pretrained(target_name)
     drafter = build_drafter(args.drafter, target)
@@ -63,6 +74,7 @@ def main_export(args: argparse.Namespace) -> int:
         source=source,
         target_name=target_name,
         force=args.force,
+        sps_table=sps_table,
     )
     manifest = json.loads((out / EXPORT_MANIFEST).read_text())
     print(json.dumps({"out": str(out), "serve": str(out / SERVE_NAME), **manifest}, indent=2))

@@ -408,6 +408,9 @@ def assert_states(states, max_len: int, sampling) -> None:
 def build_from_target(cls, target, config):
     """``cls(config, dims)`` for ``target``: fields resolved, embedding and LM head copied, on its device."""
     config = resolve_target_fields(config, target)
-    drafter = cls(config, DecoderDims.from_target(target))
+    dims = DecoderDims.from_target(target)
+    if getattr(config, "qk_norm", None) is not None:  # the config's choice over the family's
+        dims = dataclasses.replace(dims, qk_norm=bool(config.qk_norm))
+    drafter = cls(config, dims)
     copy_shared_weights(drafter, target)
     return drafter.to(device=target.device, dtype=target.dtype)

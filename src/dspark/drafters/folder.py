@@ -8,8 +8,10 @@ read (``block_size``, ``num_target_layers``, ``target_layer_ids``, ``mask_token_
 ``model.safetensors`` = ``drafter.state_dict()`` with no prefix.
 
 The loader also reads the folders ``dspark export`` writes: vLLM/SGLang name Eagle3's
-single layer ``midlayer`` (read as ``layers.0``), and ``dspark_export.json`` holds the
-sha256 of the weights, checked before they are read.
+single layer ``midlayer`` (read as ``layers.0``), the ``speculators`` format nests the
+layer config under ``transformer_layer_config``, and ``dspark_export.json`` holds the
+sha256 of the weights, checked before they are read. RNN-head checkpoints of older
+versions (``markov_head.rnn_proj.weight``) load with a zero ``joint_proj.bias``.
 
 Loading validates every field against the target and fails loudly on a missing or
 unexpected key or a shape mismatch — never a silent skip or zero-fill: silent
@@ -34,6 +36,7 @@ from torch import nn
 
 from dspark.drafters.kinds import DrafterKind, kind_of_config, kind_of_folder_config
 from dspark.errors import DsparkError
+from dspark.heads.rnn import upgrade_rnn_keys
 from dspark.targets import TargetAdapter, validate_layer_ids
 
 log = logging.getLogger(__name__)
@@ -57,6 +60,9 @@ def drafter_config_json(drafter: nn.Module, target: TargetAdapter) -> dict[str, 
     out = target.config.to_dict()
     out.pop("architectures", None)
     out.update(kind.config_fields(drafter.config, num_target_layers=target.num_layers))
+    # One attention type per *draft* layer (all full attention), not the target's list:
+    # transformers 5 refuses a config whose layer_types and num_hidden_layers disagree.
+    out["layer_types"] = ["full_attention"] * out["num_hidden_layers"]
     out["architectures"] = [kind.architecture]
     out["dspark_method"] = kind.name
     out["torch_dtype"] = str(next(drafter.parameters()).dtype).removeprefix("torch.")
@@ -102,9 +108,13 @@ def _read_config(folder: Path) -> dict[str, Any]:
     if not path.is_file():
         raise DrafterLoadError(f"{folder} is not a drafter folder (no {CONFIG_NAME})")
     try:
-        return json.loads(path.read_text())
+        raw = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise DrafterLoadError(f"{path}: not valid JSON ({e.msg})") from None
+    layer = raw.get("transformer_layer_config") if isinstance(raw, dict) else None
+    if isinstance(layer, dict):  # the speculators layout: the layer config is nested
+        raw = {**layer, **{k: v for k, v in raw.items() if k != "transformer_layer_config"}}
+    return raw
 
 
 def _check_against_target(raw: dict[str, Any], kind: DrafterKind, target: TargetAdapter, where: Path) -> None:
@@ -243,6 +253,10 @@ def load_drafter(folder: str | Path, target: TargetAdapter, *, block_size: int |
     except Exception as e:  # safetensors raises its own error types for corrupt files
         raise DrafterLoadError(f"{weights}: cannot read weights ({e})") from None
     state = _unalias_keys(state, folder)
+    try:
+        state = upgrade_rnn_keys(state)
+    except ValueError as e:
+        raise DrafterLoadError(f"{folder}: {e}") from None
     expected = drafter.state_dict()
     _check_state(state, expected, folder)
     _check_shared_weights(state, target, folder)

@@ -39,6 +39,7 @@ def _block_fields(
         "target_layer_ids": list(config.target_layer_ids),
         "mask_token_id": config.mask_token_id,
         **({"mask_embedding": True} if config.mask_embedding else {}),
+        "draft_qk_norm": config.qk_norm,  # None: the target family's
         "markov_rank": markov_rank,
         "markov_head_type": head,
         "enable_confidence_head": conf,
@@ -89,6 +90,7 @@ def _dspark_config(raw: dict[str, Any]) -> DSparkConfig:
         target_layer_ids=tuple(raw["target_layer_ids"]),
         mask_token_id=raw["mask_token_id"],
         mask_embedding=bool(raw.get("mask_embedding", False)),
+        qk_norm=raw.get("draft_qk_norm", True),  # folders before the field: Qwen3 layers
         markov_rank=raw.get("markov_rank", 0),
         markov_head_type=raw.get("markov_head_type", "vanilla"),
         enable_confidence_head=raw.get("enable_confidence_head", False),
@@ -104,6 +106,7 @@ def _dflash_config(raw: dict[str, Any]) -> DFlashConfig:
         target_layer_ids=tuple(raw["target_layer_ids"]),
         mask_token_id=raw["mask_token_id"],
         mask_embedding=bool(raw.get("mask_embedding", False)),
+        qk_norm=raw.get("draft_qk_norm", True),  # folders before the field: Qwen3 layers
     )
 
 

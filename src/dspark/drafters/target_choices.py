@@ -10,7 +10,7 @@ import dataclasses
 
 from dspark.drafters.mask import mask_overrides
 from dspark.errors import DsparkError
-from dspark.targets import parse_layer_ids, validate_layer_ids
+from dspark.targets.adapter import check_new_layer_ids, parse_layer_ids
 
 
 def apply_target_choices(config, target, *, target_layers: str | None = None, mask_token: str | None = None):
@@ -25,7 +25,7 @@ def apply_target_choices(config, target, *, target_layers: str | None = None, ma
         changes["target_layer_ids"] = parse_layer_ids(target_layers, target.num_layers)
     elif config.target_layer_ids is not None:
         try:
-            validate_layer_ids(config.target_layer_ids, target.num_layers)
+            check_new_layer_ids(config.target_layer_ids, target.num_layers)
         except ValueError as e:
             raise DsparkError(f"the preset's target_layer_ids do not fit this target: {e}") from None
     if mask_token is not None:

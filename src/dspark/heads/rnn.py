@@ -5,7 +5,11 @@ linear map ``(2r + H → 3r)`` split into gate g, candidate c and output o, and 
 
     s_k = σ(g) ⊙ s_{k-1} + (1 - σ(g)) ⊙ tanh(c),    B_k = W_2ᵀ tanh(o),    s_0 = 0.
 
-Same ``markov_w1``/``markov_w2`` keys as the Markov head, plus ``rnn_proj.weight [3r, 2r+H]``.
+Same ``markov_w1``/``markov_w2`` keys as the Markov head, plus the projection
+``joint_proj.weight [3r, 2r+H]`` and ``joint_proj.bias [3r]``: the names and the
+``[s; emb; h]`` / ``(g, c, o)`` order that DeepSpec, SGLang and speculators use (SPEC §14).
+Checkpoints of dspark < 0.2 named it ``rnn_proj.weight`` with no bias; they still load
+(:func:`upgrade_rnn_keys`), with a zero bias, which is the function they were trained as.
 """
 
 from __future__ import annotations
@@ -22,12 +26,13 @@ class RNNHead(nn.Module):
         self.rank = rank
         self.markov_w1 = nn.Embedding(vocab_size, rank)
         self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
-        self.rnn_proj = nn.Linear(2 * rank + hidden_size, 3 * rank, bias=False)
+        self.joint_proj = nn.Linear(2 * rank + hidden_size, 3 * rank)
 
     def reset_parameters(self, std: float) -> None:
-        """W_1, the projection ~ N(0, std); W_2 = 0 (start as the backbone alone)."""
+        """W_1, the projection ~ N(0, std), its bias 0; W_2 = 0 (start as the backbone alone)."""
         nn.init.normal_(self.markov_w1.weight, std=std)
-        nn.init.normal_(self.rnn_proj.weight, std=std)
+        nn.init.normal_(self.joint_proj.weight, std=std)
+        nn.init.zeros_(self.joint_proj.bias)
         nn.init.zeros_(self.markov_w2.weight)
 
     def embed(self, prev: Tensor) -> Tensor:
@@ -42,7 +47,7 @@ class RNNHead(nn.Module):
         """prev ``[N]``, h ``[N, H]``, s_{k-1} ``[N, r]`` → bias ``[N, V]``, emb, s_k ``[N, r]``."""
         emb = self.embed(prev)  # [N, r]
         z = torch.cat([state, emb, h.to(emb.dtype)], dim=-1)  # [N, 2r+H]
-        g, c, o = self.rnn_proj(z).chunk(3, dim=-1)  # 3 x [N, r]
+        g, c, o = self.joint_proj(z).chunk(3, dim=-1)  # 3 x [N, r]
         gate = torch.sigmoid(g)
         new_state = gate * state + (1.0 - gate) * torch.tanh(c)
         return self.markov_w2(torch.tanh(o)), emb, new_state
@@ -63,3 +68,23 @@ class RNNHead(nn.Module):
             embs.append(emb)
         bias = torch.stack(biases, dim=1).view(B, A, K, -1)  # [B, A, K, V]
         return bias, torch.stack(embs, dim=1).view(B, A, K, self.rank)
+
+
+LEGACY_PROJ, PROJ = "markov_head.rnn_proj.weight", "markov_head.joint_proj"
+
+
+def upgrade_rnn_keys(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Rename a legacy ``rnn_proj.weight`` (no bias) to ``joint_proj.{weight,bias}``, bias 0.
+
+    The old head computed ``W z``; ``W z + 0`` is the same function, so a legacy drafter
+    keeps its drafts exactly. A state without the legacy key is returned unchanged.
+    """
+    if LEGACY_PROJ not in state:
+        return state
+    if f"{PROJ}.weight" in state:
+        raise ValueError(f"weights hold both {LEGACY_PROJ} and {PROJ}.weight; keep one of the two")
+    out = {k: v for k, v in state.items() if k != LEGACY_PROJ}
+    weight = state[LEGACY_PROJ]  # [3r, 2r+H]
+    out[f"{PROJ}.weight"] = weight
+    out[f"{PROJ}.bias"] = weight.new_zeros(weight.shape[0])  # [3r]
+    return out

@@ -56,7 +56,11 @@ def default_layer_ids(num_layers: int) -> tuple[int, ...]:
 
 
 def validate_layer_ids(layer_ids, num_layers: int) -> tuple[int, ...]:
-    """Check user-given feature layer ids: non-empty, ascending, in ``[-1, num_layers - 2]``."""
+    """Check feature layer ids: non-empty, distinct, in ``[-1, num_layers - 2]``.
+
+    Any order loads (a folder says which layers it fuses, in its order); new drafters
+    get ascending ids (:func:`parse_layer_ids`), the order the engines concatenate in.
+    """
     ids = tuple(int(i) for i in layer_ids)
     if not ids:
         raise ValueError("target_layer_ids is empty: a feature-conditioned drafter reads at least one layer")
@@ -68,13 +72,20 @@ def validate_layer_ids(layer_ids, num_layers: int) -> tuple[int, ...]:
         )
     if len(set(ids)) != len(ids):
         raise ValueError(f"target_layer_ids has duplicates: {ids}")
+    return ids
+
+
+def check_new_layer_ids(layer_ids, num_layers: int) -> tuple[int, ...]:
+    """Layer ids for a new drafter: :func:`validate_layer_ids`, and ascending (the order
+    vLLM and SGLang concatenate the target's layers in). Raises ``ValueError``."""
+    ids = validate_layer_ids(layer_ids, num_layers)
     if list(ids) != sorted(ids):
-        raise ValueError(f"target_layer_ids must be ascending, got {ids}")
+        raise ValueError(f"target_layer_ids must be ascending, got {list(ids)}")
     return ids
 
 
 def parse_layer_ids(text: str, num_layers: int) -> tuple[int, ...]:
-    """``"1,9,17"`` → ``(1, 9, 17)``, validated for a target of ``num_layers``; a one-line error else."""
+    """``"1,9,17"`` → ``(1, 9, 17)``, checked for a new drafter on ``num_layers``; a one-line error else."""
     try:
         ids = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
@@ -82,7 +93,7 @@ def parse_layer_ids(text: str, num_layers: int) -> tuple[int, ...]:
             f"--target-layers {text!r}: expected comma-separated integers like 1,9,17"
         ) from None
     try:
-        return validate_layer_ids(ids, num_layers)
+        return check_new_layer_ids(ids, num_layers)
     except ValueError as e:
         raise DsparkError(f"--target-layers {text!r}: {e}") from None
 

@@ -60,7 +60,8 @@ def test_dspark_rnn_keys(target):
     expected = backbone_keys(2) | {
         "markov_head.markov_w1.weight": (V, R),
         "markov_head.markov_w2.weight": (V, R),
-        "markov_head.rnn_proj.weight": (3 * R, 2 * R + H),
+        "markov_head.joint_proj.weight": (3 * R, 2 * R + H),  # DeepSpec / SGLang names
+        "markov_head.joint_proj.bias": (3 * R,),
         "confidence_head.proj.weight": (1, H + R),
         "confidence_head.proj.bias": (1,),
     }

@@ -22,7 +22,8 @@ def head() -> RNNHead:
     with torch.no_grad():
         m.markov_w1.weight.copy_(W1)
         m.markov_w2.weight.copy_(W2.T)
-        m.rnn_proj.weight.copy_(W)
+        m.joint_proj.weight.copy_(W)
+        m.joint_proj.bias.zero_()
     return m
 
 
@@ -65,3 +66,24 @@ def test_teacher_forced_equals_steps():
     with torch.no_grad():
         bias, _ = m.teacher_forced(torch.tensor([[prev]]), torch.tensor(h).view(1, 1, 3, 1))
     torch.testing.assert_close(bias[0, 0], torch.stack(by_hand(prev, h)))
+
+
+def test_the_bias_enters_gate_candidate_and_output():
+    """``W z + b``: a bias on the output row alone moves the first bias exactly as by hand."""
+    m = head()
+    with torch.no_grad():
+        m.joint_proj.bias.copy_(torch.tensor([0.0, 0.0, 0.7]))
+        bias, _, _ = m.step(torch.tensor([0]), torch.tensor([[0.3]]), m.initial_state(1, torch.zeros(1)))
+    o = 1.0 * float(W1[0, 0]) + 0.3 + 0.7  # s_0 = 0
+    torch.testing.assert_close(bias[0], torch.tanh(torch.tensor(o)) * W2[0])
+
+
+def test_legacy_rnn_proj_keys_upgrade_with_a_zero_bias():
+    from dspark.heads.rnn import upgrade_rnn_keys
+
+    legacy = {"markov_head.rnn_proj.weight": W.clone(), "fc.weight": torch.ones(1)}
+    new = upgrade_rnn_keys(legacy)
+    assert set(new) == {"markov_head.joint_proj.weight", "markov_head.joint_proj.bias", "fc.weight"}
+    assert torch.equal(new["markov_head.joint_proj.weight"], W)
+    assert torch.equal(new["markov_head.joint_proj.bias"], torch.zeros(3))
+    assert upgrade_rnn_keys(new) == new

@@ -65,8 +65,10 @@ def test_dims_and_draft_layer_details_follow_the_family(family):
         family, "gelu_pytorch_tanh" if family.startswith("gemma") else "silu"
     )
     assert dims.embed_scale == pytest.approx(8.0 if family.startswith("gemma") else 1.0)
-    layer = build("dflash", target).layers[0]
-    assert (layer.self_attn.q_norm is not None) == dims.qk_norm
+    family_layer = build("dflash", target, qk_norm=None).layers[0]  # draft layers as the family's
+    assert (family_layer.self_attn.q_norm is not None) == dims.qk_norm
+    assert family_layer.mlp.act.__class__.__name__ == type(build("dflash", target).layers[0].mlp.act).__name__
+    assert build("dflash", target).layers[0].self_attn.q_norm is not None  # default: DeepSpec's Qwen3 layer
 
 
 @pytest.mark.parametrize("name", ["ngram", "dflash", "dspark_markov", "eagle3"])
@@ -133,3 +135,28 @@ def test_table_rows_resolve_to_real_modules(family):
     target = TargetAdapter(model)
     assert target.num_layers == 4 and target._head is model.get_output_embeddings()
     assert target._embedding is model.get_input_embeddings(), layout.embedding
+
+
+@pytest.mark.parametrize(
+    ("overrides", "why"),
+    [({"mask_token_id": None, "mask_embedding": True}, "learned its own mask embedding"),
+     ({"qk_norm": None}, "q/k-norm False")],
+)  # fmt: skip
+def test_engine_exports_refuse_what_their_qwen3_class_cannot_hold(tmp_path, overrides, why):
+    """A learned mask input or family-style (no q/k-norm) draft layers: refused for vLLM, ours for hf."""
+    import json
+
+    from dspark.drafters.export import ExportError, export_drafter
+    from dspark.drafters.folder import load_drafter
+
+    target = build_target("llama")
+    drafter = build("dspark_markov", target, **overrides)
+    with pytest.raises(ExportError, match=why):
+        export_drafter(drafter, target, tmp_path / "vllm", fmt="vllm")
+    out = export_drafter(drafter, target, tmp_path / "hf", fmt="hf")
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["DsparkFamilyDraftModel"]
+    again = load_drafter(out, target)  # and our own loader takes it back as it was
+    mine, theirs = drafter.state_dict(), again.state_dict()
+    assert mine.keys() == theirs.keys()  # mask_embedding included when learned
+    assert all(torch.allclose(mine[k], theirs[k].float(), rtol=1e-2, atol=1e-2) for k in mine)  # bf16 export
+    assert (again.mask_token_id, again.dims.qk_norm) == (drafter.mask_token_id, drafter.dims.qk_norm)
