@@ -10,13 +10,19 @@ a mask token; most others (Llama, Mistral, Phi, SmolLM2) have none. Two choices:
   vector ``mask_embedding [H]``, saved in its checkpoint. dspark's own folders carry it;
   DeepSpec's layout has no place for it, so engine exports refuse such a drafter.
 
-The measurement that chose the default for tokenizers without a mask token is in
-BENCHMARKS.md (issue 11).
+Measured on SmolLM2 at equal budget (BENCHMARKS.md, issue 11), both reach the same τ
+within noise, so the default for a tokenizer without a mask token is the one that exports:
+its unknown token when it has one that is neither EOS nor padding (SmolLM2:
+``<|endoftext|>``); otherwise the user chooses.
 """
 
 from __future__ import annotations
 
+import logging
+
 from dspark.errors import DsparkError
+
+log = logging.getLogger(__name__)
 
 LEARNED_MASK = "learned"
 
@@ -59,6 +65,8 @@ def resolve_mask_id(config, target) -> int | None:
     else:
         mask_id = getattr(target.tokenizer, "mask_token_id", None)
         if mask_id is None:
+            mask_id = _default_mask_id(target)
+        if mask_id is None:
             raise MaskTokenError(
                 f"the target's tokenizer ({target.config.model_type}) has no mask token: train with "
                 f"--mask-token TOKEN (an existing token) or --mask-token {LEARNED_MASK} "
@@ -69,3 +77,18 @@ def resolve_mask_id(config, target) -> int | None:
             f"mask_token_id {mask_id} is outside the target vocabulary of {target.vocab_size}"
         )
     return mask_id
+
+
+def _default_mask_id(target) -> int | None:
+    """The tokenizer's unknown token, when it is a token of its own (not EOS, not padding)."""
+    tok = target.tokenizer
+    unk = getattr(tok, "unk_token_id", None)
+    if unk is None or unk in target.eos_token_ids or unk == getattr(tok, "pad_token_id", None):
+        return None
+    log.warning(
+        "the tokenizer has no mask token: the drafter's mask input is its unknown token %r (id %d); "
+        "--mask-token chooses another",
+        tok.unk_token,
+        unk,
+    )
+    return int(unk)

@@ -160,3 +160,13 @@ def test_engine_exports_refuse_what_their_qwen3_class_cannot_hold(tmp_path, over
     assert mine.keys() == theirs.keys()  # mask_embedding included when learned
     assert all(torch.allclose(mine[k], theirs[k].float(), rtol=1e-2, atol=1e-2) for k in mine)  # bf16 export
     assert (again.mask_token_id, again.dims.qk_norm) == (drafter.mask_token_id, drafter.dims.qk_norm)
+
+
+def test_without_mask_token_the_default_is_the_unknown_token_else_a_one_line_choice(tiny_tokenizer):
+    from dspark.drafters.mask import MaskTokenError
+
+    model = build_model("llama")
+    with pytest.raises(MaskTokenError, match="--mask-token TOKEN .* --mask-token learned"):
+        build("dflash", TargetAdapter(model, tiny_tokenizer), mask_token_id=None)  # its unk is the pad token
+    tiny_tokenizer.unk_token = "w127"
+    assert build("dflash", TargetAdapter(model, tiny_tokenizer), mask_token_id=None).mask_token_id == 127
