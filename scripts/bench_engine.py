@@ -15,17 +15,17 @@ import time
 import torch
 from transformers import Qwen3ForCausalLM
 
+from dspark.data.chat import prompt_ids
 from dspark.data.prompts import load_prompts
 from dspark.decoding import speculative_generate
 from dspark.drafters.ngram import NgramDrafter
 from dspark.engine import Engine, EngineConfig
-from dspark.engine.bench import engine_overhead, flat_vs_padded, random_prompts
 from dspark.engine.profile import profile_sps
-from dspark.eval.decode_bench import chat_prompt_ids
+from dspark.engine.step_costs import engine_overhead, flat_vs_padded, random_prompts
 from dspark.presets.tiny import resolve_target
 from dspark.protocols import SamplingParams
 from dspark.targets import TargetAdapter
-from dspark.targets.paged import KVStore
+from dspark.targets.flat import KVStore
 from dspark.tiny.build import TinyTargetConfig, model_config
 
 
@@ -84,7 +84,7 @@ def main() -> None:
     )
     if args.vs_loop:
         sets = ("math", "code", "chat")
-        prompts = [chat_prompt_ids(target, p) for d in sets for p in load_prompts(args.prompts or d, 4)]
+        prompts = [prompt_ids(target.tokenizer, p) for d in sets for p in load_prompts(args.prompts or d, 4)]
         print(json.dumps(engine_vs_loop(target, prompts, args.max_tokens)))
         return
     target.eos_token_ids = ()  # every request runs to max_tokens: steady batches to measure
@@ -100,7 +100,7 @@ def main() -> None:
     out["layout"] = [flat_vs_padded(target, lengths).as_dict() for lengths in (spread, [8] * 32, [1] * 32)]
 
     if args.prompts:
-        prompts = [chat_prompt_ids(target, p) for p in load_prompts(args.prompts, 32)]
+        prompts = [prompt_ids(target.tokenizer, p) for p in load_prompts(args.prompts, 32)]
     else:
         prompts = random_prompts(target.vocab_size, 32, 96)
     rows = []

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from dspark.data.samples import tokenize_records
 from dspark.drafters.objective import ObjectiveConfig
 from dspark.eval.benchmarks import load_benchmark
 from dspark.eval.report import write_eval_report
@@ -27,7 +28,6 @@ from dspark.presets import drafters as presets
 from dspark.presets.tiny import tiny_target_dir
 from dspark.targets import TargetAdapter
 from dspark.tiny.corpus import training_records
-from dspark.training.data import tokenize_records
 
 
 def main() -> None:

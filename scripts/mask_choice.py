@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from dspark.data.samples import tokenize_records
 from dspark.drafters.dspark import DSparkConfig
 from dspark.eval.benchmarks import load_benchmark
 from dspark.eval.runner import EvalConfig
@@ -24,7 +25,6 @@ from dspark.eval.sweeps import SweepTraining, Variant, run_sweep
 from dspark.presets.tiny import resolve_target
 from dspark.targets import TargetAdapter
 from dspark.tiny.corpus import training_records
-from dspark.training.data import tokenize_records
 
 
 def main(out: Path, steps: int, token: str) -> None:
@@ -34,8 +34,15 @@ def main(out: Path, steps: int, token: str) -> None:
     token_id = target.tokenizer.convert_tokens_to_ids(token)
     base = DSparkConfig(num_layers=1, block_size=7, markov_rank=64)
     variants = [
-        Variant("learned mask embedding", "dspark", 0, DSparkConfig(**{**vars(base), "mask_embedding": True})),
-        Variant(f"token {token} ({token_id})", "dspark", 1, DSparkConfig(**{**vars(base), "mask_token_id": token_id})),
+        Variant(
+            "learned mask embedding", "dspark", 0, DSparkConfig(**{**vars(base), "mask_embedding": True})
+        ),
+        Variant(
+            f"token {token} ({token_id})",
+            "dspark",
+            1,
+            DSparkConfig(**{**vars(base), "mask_token_id": token_id}),
+        ),
     ]
     records = training_records()[::78][:96]  # spread over the math, code and chat parts
     dataset = tokenize_records(records, target.tokenizer, max_length=192)
@@ -56,4 +63,8 @@ def main(out: Path, steps: int, token: str) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 60, sys.argv[3] if len(sys.argv) > 3 else "<|endoftext|>")
+    main(
+        Path(sys.argv[1]),
+        int(sys.argv[2]) if len(sys.argv) > 2 else 60,
+        sys.argv[3] if len(sys.argv) > 3 else "<|endoftext|>",
+    )

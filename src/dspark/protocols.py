@@ -68,6 +68,19 @@ class DraftBlock:
     def max_len(self) -> int:
         return self.tokens.shape[1]
 
+    def invalid_rows(self) -> torch.Tensor:
+        """``[R]`` bool: requests whose proposed positions are not distributions (NaN/inf, no
+        mass) or have non-finite confidences — a corrupt drafter; sampling from them is undefined."""
+        valid = torch.arange(self.max_len) < self.lengths.cpu().unsqueeze(-1)  # [R, K]
+        if self.probs is None:
+            ok = torch.ones(valid.shape, dtype=torch.bool)
+        else:
+            mass = self.probs.sum(dim=-1).cpu()  # [R, K]; non-finite iff some entry is
+            ok = torch.isfinite(mass) & (mass > 0)
+        if self.confidences is not None:
+            ok &= torch.isfinite(self.confidences.cpu())
+        return (valid & ~ok).any(dim=-1)
+
     @staticmethod
     def empty(num_requests: int, vocab_size: int) -> DraftBlock:
         return DraftBlock(
@@ -103,15 +116,25 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+def acceptance_length(accepted: float, rounds: float) -> float:
+    """τ (SPEC §2), the one definition: tokens emitted per round, bonus included, i.e.
+    ``(accepted drafts + rounds) / rounds`` — each round emits its accepted drafts plus one
+    recovered or bonus token; 0.0 for no rounds."""
+    return (accepted + rounds) / rounds if rounds else 0.0
+
+
 @runtime_checkable
 class Drafter(Protocol):
     """What the decoding loop needs from a drafter (SPEC §5).
 
     ``target_layer_ids`` names the target layers whose raw outputs the drafter reads
-    (empty for drafters that need no features, like n-gram lookup).
+    (empty for drafters that need no features, like n-gram lookup); every target forward
+    of a decode is passed them. ``block_size`` is the most drafts one ``propose`` makes
+    (γ), the default verification length of a round.
     """
 
     target_layer_ids: tuple[int, ...]
+    block_size: int
 
     def propose(
         self, states: list[SequenceState], max_len: int, sampling: list[SamplingParams]
@@ -121,6 +144,32 @@ class Drafter(Protocol):
 
     def update(self, state: SequenceState, num_accepted: int, new_features: torch.Tensor | None) -> None:
         """Absorb a verified round: ``state`` already holds the new tokens."""
+        ...
+
+
+@runtime_checkable
+class TrainableDrafter(Drafter, Protocol):
+    """A drafter the trainer can train (SPEC §6): built for a target from a frozen config,
+    it predicts blocks from a :class:`TrainBatch` and scores them with its own objective.
+
+    ``config`` is the frozen config dataclass that :mod:`dspark.drafters.kinds` writes to
+    and reads from ``config.json``; ``loss`` returns a ``dspark.drafters.objective.LossOutput``
+    (``loss`` plus detached metrics).
+    """
+
+    config: Any
+
+    @classmethod
+    def from_target(cls, target: Any, config: Any) -> TrainableDrafter:
+        """A fresh drafter for ``target``: shared embedding and LM head copied and frozen."""
+        ...
+
+    def forward_train(self, batch: TrainBatch) -> TrainOutput:
+        """Block predictions ``[B, A, K, V]`` for the anchors of ``batch``."""
+        ...
+
+    def loss(self, out: TrainOutput) -> Any:
+        """The drafter's training objective on its own predictions."""
         ...
 
 
@@ -139,16 +188,15 @@ class GenerationResult:
 
     token_ids: list[int]  # generated tokens only
     text: str
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "cancelled" | "error" (the engine failed this request)
     rounds: list[RoundLog] = field(default_factory=list)
     seconds: float = 0.0
+    error: str | None = None  # with finish_reason "error": what went wrong
 
     @property
     def tau(self) -> float:
         """Acceptance length τ: tokens emitted per round, bonus included (SPEC §2)."""
-        if not self.rounds:
-            return 0.0
-        return sum(r.accepted + 1 for r in self.rounds) / len(self.rounds)
+        return acceptance_length(sum(r.accepted for r in self.rounds), len(self.rounds))
 
     @property
     def tokens_per_s(self) -> float:
@@ -172,17 +220,78 @@ class TrainBatch:
     anchors: torch.Tensor | None = None  # [B, A] long anchor positions, -1 = padding (SPEC §6)
 
 
-@dataclass
+@dataclass(frozen=True)
+class SlotFactors:
+    """The draft and target logits of every slot as the factors they are made of (SPEC §6).
+
+    ``draft[s] = softcap(hidden[s] · headᵀ + low_rank_u[s] · low_rank_wᵀ)`` and
+    ``target[s] = softcap(target_rows[target_index[s]] · headᵀ)``. A loss can then work
+    through the slots in chunks and never hold ``[B, A, K, V]`` tensors
+    (:mod:`dspark.drafters.chunked_objective`); :meth:`draft_logits` /
+    :meth:`target_logits` materialize them for the dense reference path.
+    """
+
+    hidden: torch.Tensor  # [B, A, K, H] final-normed draft hidden states
+    head: torch.Tensor  # [V, H] the frozen LM head shared with the target
+    target_rows: torch.Tensor  # [U, H] the target's final-normed hidden at the distinct slot positions
+    target_index: torch.Tensor  # [B, A, K] long, the row of target_rows of each slot
+    softcap: float | None = None  # the family's final logit softcapping (Gemma2)
+    low_rank_u: torch.Tensor | None = None  # [B, A, K, r] the sequential head's factor (DSpark)
+    low_rank_w: torch.Tensor | None = None  # [V, r] W_2ᵀ
+
+    def _cap(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits if self.softcap is None else self.softcap * torch.tanh(logits / self.softcap)
+
+    def draft_logits(self) -> torch.Tensor:
+        """``[B, A, K, V]`` fp32."""
+        logits = self.hidden.float() @ self.head.float().T  # [B, A, K, V]
+        if self.low_rank_u is not None:
+            logits = logits + self.low_rank_u.float() @ self.low_rank_w.float().T
+        return self._cap(logits)
+
+    def target_logits(self) -> torch.Tensor:
+        """``[B, A, K, V]`` fp32."""
+        return self._cap(self.target_rows.float() @ self.head.float().T)[self.target_index]
+
+
 class TrainOutput:
     """Supervised predictions of a drafter for A blocks of K positions per sequence.
 
     ``logits[b, a, k]`` is the drafter's prediction of ``labels[b, a, k]``;
     ``target_logits`` is the target's prediction at the same position; ``valid`` marks
-    the contiguous supervised prefix of each block (SPEC §6).
+    the contiguous supervised prefix of each block (SPEC §6). A drafter gives either the
+    dense logits or their :class:`SlotFactors` (then ``logits`` / ``target_logits``
+    materialize on first access, and the loss never needs them whole).
     """
 
-    logits: torch.Tensor  # [B, A, K, V] draft logits (Markov-corrected for DSpark)
-    labels: torch.Tensor  # [B, A, K] long ground-truth tokens x_k*
-    target_logits: torch.Tensor  # [B, A, K, V]
-    valid: torch.Tensor  # [B, A, K] bool
-    confidences: torch.Tensor | None = None  # [B, A, K] in (0, 1), DSpark only
+    def __init__(
+        self,
+        *,
+        labels: torch.Tensor,  # [B, A, K] long ground-truth tokens x_k*
+        valid: torch.Tensor,  # [B, A, K] bool
+        logits: torch.Tensor | None = None,  # [B, A, K, V] draft logits (Markov-corrected for DSpark)
+        target_logits: torch.Tensor | None = None,  # [B, A, K, V]
+        confidences: torch.Tensor | None = None,  # [B, A, K] in (0, 1), DSpark only
+        factors: SlotFactors | None = None,
+    ) -> None:
+        if factors is None and (logits is None or target_logits is None):
+            raise ValueError("a TrainOutput needs logits and target_logits, or their factors")
+        self.labels, self.valid, self.confidences, self.factors = labels, valid, confidences, factors
+        self._logits, self._target_logits = logits, target_logits
+
+    @property
+    def logits(self) -> torch.Tensor:
+        if self._logits is None:
+            self._logits = self.factors.draft_logits()
+        return self._logits
+
+    @property
+    def target_logits(self) -> torch.Tensor:
+        if self._target_logits is None:
+            self._target_logits = self.factors.target_logits()
+        return self._target_logits
+
+    @property
+    def dense(self) -> bool:
+        """True when the logits exist as tensors (given, or materialized by an access)."""
+        return self._logits is not None and self._target_logits is not None

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from dspark.cli import main
+from dspark.data.chat import prompt_ids
 from dspark.data.prompts import load_prompts
 from dspark.decoding import speculative_generate
 from dspark.drafters.ngram import NgramDrafter
-from dspark.eval.decode_bench import chat_prompt_ids
 from dspark.presets.tiny import tiny_target_dir
 from dspark.protocols import SamplingParams
 from dspark.targets import TargetAdapter
@@ -39,7 +39,7 @@ def test_loads_like_a_hub_model(tiny):
 
 @pytest.mark.parametrize("drafter_name", ["ngram", "random"])
 def test_greedy_equals_hf_generate_for_256_tokens(tiny, drafter_name):
-    prompt = chat_prompt_ids(tiny, load_prompts("code", 1)[0])
+    prompt = prompt_ids(tiny.tokenizer, load_prompts("code", 1)[0])
     saved = tiny.eos_token_ids
     tiny.eos_token_ids = ()  # run the full length on both sides
     try:
@@ -52,7 +52,7 @@ def test_greedy_equals_hf_generate_for_256_tokens(tiny, drafter_name):
 
 
 def test_seeded_sampling_is_reproducible(tiny):
-    prompt = chat_prompt_ids(tiny, load_prompts("chat", 1)[0])
+    prompt = prompt_ids(tiny.tokenizer, load_prompts("chat", 1)[0])
     params = SamplingParams(temperature=1.0, max_tokens=40, seed=11)
     a = speculative_generate(tiny, NgramDrafter(tiny.vocab_size), prompt, params).token_ids
     b = speculative_generate(tiny, NgramDrafter(tiny.vocab_size), prompt, params).token_ids

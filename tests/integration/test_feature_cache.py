@@ -15,8 +15,8 @@ import torch
 from dspark.data.cache import CacheError, FeatureCache
 from dspark.data.cache_build import CacheBuildConfig, build_cache
 from dspark.data.estimate import estimate_cache
+from dspark.data.samples import ShardedSampler, TrainDataset, collate, tokenize_records
 from dspark.targets import TargetAdapter
-from dspark.training.data import ShardedSampler, TrainDataset, collate, tokenize_records
 from dspark.training.online import anchor_generator, target_batch
 from tests.unit.data.tiny_chat_target import build_tiny_chat_target, mask_token_id
 

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dspark.data.cache_checks import check_index, check_shard_entries
 from dspark.errors import DsparkError
 from dspark.protocols import TrainBatch
 
@@ -239,6 +240,11 @@ class FeatureCache:
         missing = [k for k in ("dtype", "target", "template", "data", "index", "shards") if k not in manifest]
         if missing:
             raise CacheError(f"{path}: corrupt manifest (no {', '.join(missing)})")
+        if manifest["dtype"] not in _STORAGE:
+            raise CacheError(f"{path}: corrupt manifest (dtype {manifest['dtype']!r})")
+        check_shard_entries(root, manifest["shards"], CacheError)
+        if not isinstance(manifest["index"], dict) or not isinstance(manifest["index"].get("bytes"), int):
+            raise CacheError(f"{path}: corrupt manifest (index)")
         files = [(INDEX, manifest["index"])] + [(s["file"], s) for s in manifest["shards"]]
         for name, meta in files:
             file = root / name
@@ -250,12 +256,23 @@ class FeatureCache:
                 )
             if (verify or name == INDEX) and sha256_file(file) != meta["sha256"]:
                 raise CacheError(f"cache file {file} is corrupt: its sha256 does not match the manifest")
-        index = np.fromfile(root / INDEX, dtype="<i8").reshape(-1, 3)
+        raw_index = np.fromfile(root / INDEX, dtype="<i8")
+        if raw_index.size % 3:
+            raise CacheError(f"{root / INDEX}: corrupt index ({raw_index.size} values, not rows of 3)")
+        index = raw_index.reshape(-1, 3)
         if len(index) != manifest["data"]["num_samples"]:
             raise CacheError(
                 f"{root / INDEX} has {len(index)} samples; the manifest: {manifest['data']['num_samples']}"
             )
-        return cls(root, manifest, index)
+        cache = cls(root, manifest, index)
+        check_index(
+            root,
+            index,
+            [s["bytes"] for s in manifest["shards"]],
+            lambda T: sample_layout(T, cache.num_layers, cache.hidden_size, cache.dtype)["size"],
+            CacheError,
+        )
+        return cache
 
     def __len__(self) -> int:
         return len(self.index)
@@ -345,12 +362,12 @@ class FeatureCache:
         )
 
     def token_samples(self) -> list:
-        """The cached ids and loss masks as :class:`~dspark.training.data.TrainSample` s, in order.
+        """The cached ids and loss masks as :class:`~dspark.data.samples.TrainSample` s, in order.
 
         Wrap them in a ``TrainDataset`` to drive the sampler: its fingerprint equals the
         one of the records the cache was built from.
         """
-        from dspark.training.data import TrainSample
+        from dspark.data.samples import TrainSample
 
         out = []
         for i in range(len(self)):

@@ -1,7 +1,7 @@
 """Building the offline feature cache, on one process or many under torchrun (SPEC §7.3).
 
 Every rank tokenizes all records the way training does
-(:func:`dspark.training.data.tokenize_records`: same chat template, kwargs, loss mask,
+(:func:`dspark.data.samples.tokenize_records`: same chat template, kwargs, loss mask,
 truncation), so sample ``i`` means the same thing everywhere. Rank ``r`` of ``W`` runs
 the target over samples ``r, r + W, ...`` one at a time (batch 1: a sample's features
 never depend on what it was batched with, so a cache is the same whatever the number of
@@ -173,11 +173,11 @@ def build_cache(
 
     The size estimate goes to ``announce`` (rank 0) and is checked against the free disk
     space before any forward. ``world`` (from
-    :func:`dspark.training.distributed.init_from_env`) splits the work; every rank must
+    :func:`dspark.distributed.init_from_env`) splits the work; every rank must
     call this with the same arguments. Returns the manifest (on every rank).
     """
-    from dspark.training import distributed
-    from dspark.training.data import tokenize_records
+    from dspark import distributed
+    from dspark.data.samples import tokenize_records
 
     world = world or distributed.current_world(target.device)
     root = Path(out_dir)

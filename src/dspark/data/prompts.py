@@ -71,9 +71,23 @@ class PromptSplit:
 # -- one record -> one prompt ---------------------------------------------------------------
 
 
-def _from_messages(messages: Sequence[Mapping], source: str) -> tuple[list[str], str | None]:
+def check_text(value: str, source: str) -> str:
+    """``value`` if it is valid Unicode: JSON's ``"\\ud800"`` decodes to a lone surrogate
+    that no tokenizer or UTF-8 file can take."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise DsparkError(f"{source}: the text holds an invalid character ({e.reason})") from None
+    return value
+
+
+def _from_messages(messages: Any, source: str) -> tuple[list[str], str | None]:
+    if not isinstance(messages, list):
+        raise DsparkError(f"{source}: the messages must be a list, got {type(messages).__name__}")
     turns, system = [], None
     for m in messages:
+        if not isinstance(m, Mapping):
+            raise DsparkError(f"{source}: a message must be an object, got {type(m).__name__}: {m!r:.60}")
         role = _ROLES.get(m.get("role", m.get("from")))
         content = m.get("content", m.get("value"))
         if role is None or not isinstance(content, str):
@@ -98,25 +112,33 @@ def _from_record(record: Mapping, source: str, domain: str | None) -> Prompt:
             f"{source}: expected a 'turns', 'conversations' or 'messages' field "
             f"(or one of {', '.join(_TEXT_COLUMNS)})"
         )
-    if not turns or not all(isinstance(t, str) for t in turns):
+    if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
         raise DsparkError(f"{source}: the turns must be a non-empty list of strings")
     if system is not None and not isinstance(system, str):
         raise DsparkError(f"{source}: 'system' must be a string")
-    return Prompt(tuple(turns), record.get("domain") or domain, source, system or None)
+    for text in (*turns, system or ""):
+        check_text(text, source)
+    tag = record.get("domain")
+    return Prompt(tuple(turns), tag if isinstance(tag, str) and tag else domain, source, system or None)
 
 
 # -- one set ----------------------------------------------------------------------------------
 
 
-def _load_jsonl(path: Path, on_bad_line: str) -> list[Prompt]:
-    prompts = []
-    with open(path) as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
+def _load_jsonl(path: Path, on_bad_line: str, limit: int | None = None) -> list[Prompt]:
+    """Read line by line, stopping at ``limit`` good prompts: a huge file is never read whole."""
+    prompts: list[Prompt] = []
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, start=1):
+            if limit is not None and len(prompts) >= limit:
+                break
+            if not raw.strip():
                 continue
             try:
                 try:
-                    record = json.loads(line)
+                    record = json.loads(raw.decode("utf-8"))
+                except UnicodeDecodeError as e:
+                    raise DsparkError(f"{path}:{n}: not UTF-8 text (byte {e.start})") from None
                 except json.JSONDecodeError as e:
                     raise DsparkError(f"{path}:{n}: not valid JSON ({e.msg})") from None
                 if not isinstance(record, dict):
@@ -173,7 +195,7 @@ def load_prompts(spec: str, limit: int | None = None, *, on_bad_line: str = "sto
                 f"no prompt set {spec!r}: not a built-in set ({', '.join(PROMPT_DOMAINS)}), "
                 f"a file, nor {HF_PREFIX}NAME[:SPLIT]"
             )
-        prompts = _load_jsonl(path, on_bad_line)
+        prompts = _load_jsonl(path, on_bad_line, limit)
     return prompts[:limit] if limit is not None else prompts
 
 

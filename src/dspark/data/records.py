@@ -4,10 +4,14 @@ Each record is one line written by a single ``write(2)`` on a file opened with
 ``O_APPEND``, so concurrent writers never interleave and a killed process leaves at
 worst one incomplete last line. :func:`read_records` drops (and truncates away) such a
 line, so a restarted run appends after the last complete record: no duplicate, no loss.
+One run at a time writes a log: :class:`WriterLock` (an advisory ``flock`` on a lock file
+beside it, released by the kernel even when the holder is killed) makes a second refuse.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import logging
 import os
@@ -72,3 +76,38 @@ class JsonlAppender:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class WriterLock:
+    """Exclusive right to append to ``path``: a second holder gets a :class:`DsparkError` at once."""
+
+    def __init__(self, path: str | Path, what: str = "another run") -> None:
+        self.path = Path(path)
+        self.lock_path = self.path.with_name(self.path.name + ".lock")
+        self.what = what
+        self._fd = -1
+
+    def __enter__(self) -> WriterLock:
+        self.lock_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            if e.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+                raise
+            raise DsparkError(
+                f"{self.what} (pid {holder or '?'}) is writing {self.path}; wait for it to finish, "
+                "or write to another file"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fd >= 0:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = -1

@@ -11,7 +11,7 @@ one contract covers the in-process target (:class:`InProcessBackend`: the batche
 engine of SPEC §10, batching whatever calls are in flight), and any OpenAI-compatible
 server (:mod:`dspark.data.http_backend`, e.g. ``dspark serve``).
 
-Output: one JSONL record per prompt (the shape :mod:`dspark.training.data` reads),
+Output: one JSONL record per prompt (the shape :mod:`dspark.data.samples` reads),
 appended atomically as soon as the prompt is done (:mod:`dspark.data.records`)::
 
     {"id", "source", "domain", "system"?, "turns": [...], "answers": [...],
@@ -41,16 +41,15 @@ from typing import Any, Protocol
 
 from tqdm.auto import tqdm
 
+from dspark.data.chat import Messages, chat_prompt_ids
 from dspark.data.prompts import Prompt, dedup_prompts
-from dspark.data.records import JsonlAppender, read_records
+from dspark.data.records import JsonlAppender, WriterLock, read_records
 from dspark.engine.engine import Engine, EngineConfig
 from dspark.engine.worker import EngineDeadError, EngineWorker
 from dspark.errors import DsparkError
 from dspark.protocols import SamplingParams
 
 log = logging.getLogger(__name__)
-
-Messages = list[dict[str, str]]
 
 
 @dataclass(frozen=True)
@@ -89,21 +88,6 @@ class AnswerBackend(Protocol):
 
 
 # -- in-process backend -------------------------------------------------------------------------
-
-
-def chat_prompt_ids(tokenizer, messages: Messages, template_kwargs: Mapping[str, Any]) -> list[int]:
-    """Token ids of the chat prompt for the next assistant turn.
-
-    Rendered to text, then tokenized without added special tokens, exactly as training
-    renders and tokenizes whole conversations (:mod:`dspark.training.data`), so the
-    prompt the target answered is a prefix of the sample the drafter is trained on.
-    """
-    if not getattr(tokenizer, "chat_template", None):
-        raise DsparkError("the target's tokenizer has no chat template (SPEC §7.4 uses the target's own)")
-    text = tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True, **dict(template_kwargs)
-    )
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 class InProcessBackend:
@@ -263,8 +247,33 @@ async def regenerate_async(
     params: SamplingParams,
     config: RegenerateConfig = RegenerateConfig(),
 ) -> RegenerateSummary:
-    """Answer every prompt not yet in ``out_path``; append records and failures as they come."""
-    prompts = dedup_prompts(prompts)
+    """Answer every prompt not yet in ``out_path``; append records and failures as they come.
+
+    One run at a time per ``out_path``: a second one refuses (:class:`WriterLock`), else
+    both would answer every prompt and write it twice.
+    """
+    lock = WriterLock(out_path, "another regeneration")
+    try:
+        lock.__enter__()
+    except DsparkError:
+        await backend.aclose()
+        raise
+    try:
+        return await _regenerate_locked(
+            dedup_prompts(prompts), backend, out_path, errors_path, params, config
+        )
+    finally:
+        lock.__exit__()
+
+
+async def _regenerate_locked(
+    prompts: list[Prompt],
+    backend: AnswerBackend,
+    out_path: str | Path,
+    errors_path: str | Path,
+    params: SamplingParams,
+    config: RegenerateConfig,
+) -> RegenerateSummary:
     done_ids = {r.get("id") for r in read_records(out_path)}
     permanent = {e.get("id") for e in read_records(errors_path) if not e.get("retryable", True)} - done_ids
     todo = [p for p in prompts if p.key not in done_ids and p.key not in permanent]

@@ -1,8 +1,12 @@
 """Batch-1 speculative decoding: prefill → (draft → verify → commit/rollback)* (SPEC §3).
 
-A handful of small functions in the spirit of gpt-fast's ``generate.py``. The batched
-engine with a scheduler (SPEC §10) replaces this loop for serving; this one is the
-reference the engine is tested against and the path ``dspark generate`` takes.
+A handful of small functions in the spirit of gpt-fast's ``generate.py``. This is the
+*reference loop*, a test oracle: the whole algorithm for one request on the adapter's
+own KV cache, which the engine's greedy output and rounds are tested against. Every
+product path (``generate``, ``serve``, ``eval``, ``calibrate``, ``train``'s online τ,
+regeneration) decodes through the batched engine (SPEC §10), the one step loop; the
+loop here remains the "loop" baseline column of ``bench decode`` and the plain decoding
+of ``bench target``.
 """
 
 from __future__ import annotations
@@ -40,6 +44,15 @@ def _needs_features(drafter: Drafter | None) -> bool:
     return drafter is not None and len(drafter.target_layer_ids) > 0
 
 
+def _features_of(target: TargetAdapter, drafter: Drafter | None, ids: torch.Tensor, cache: TargetCache):
+    """The target forward with the drafter's feature layers (an argument, not adapter state)."""
+    if not _needs_features(drafter):
+        return target.forward(ids, cache, with_features=False)
+    out = target.forward(ids, cache, with_features=True, layer_ids=drafter.target_layer_ids)
+    assert out.layer_ids == tuple(drafter.target_layer_ids), (out.layer_ids, drafter.target_layer_ids)
+    return out
+
+
 def _round(
     target: TargetAdapter, drafter: Drafter | None, req: _Request, block: DraftBlock
 ) -> tuple[list[int], int, torch.Tensor | None]:
@@ -55,7 +68,7 @@ def _round(
     anchor = torch.tensor([[req.state.token_ids[-1]]])
     ids = torch.cat([anchor, drafts], dim=1).to(target.device)  # [1, k+1]
     start = req.cache.length
-    out = target.forward(ids, req.cache, with_features=_needs_features(drafter))
+    out = _features_of(target, drafter, ids, req.cache)
     target_probs = batch_probs(out.logits, [req.params])  # [1, k+1, V]
     draft_probs = block.probs[:, :k].to(target_probs) if block.probs is not None else None
     result = verify(
@@ -89,11 +102,7 @@ def _prefill(
     greedy = torch.tensor([params.greedy])
     req = _Request(SequenceState(0, list(prompt_ids[:-1]), len(prompt_ids)), params, generator, cache, greedy)
     if len(prompt_ids) > 1:
-        out = target.forward(
-            torch.tensor([prompt_ids[:-1]], device=target.device),
-            cache,
-            with_features=_needs_features(drafter),
-        )
+        out = _features_of(target, drafter, torch.tensor([prompt_ids[:-1]], device=target.device), cache)
         req.state.features = None if out.features is None else out.features[0]
     # The last prompt token plays the anchor of an empty round: one forward emits token 1.
     req.state.token_ids.append(prompt_ids[-1])
@@ -152,6 +161,10 @@ def speculative_generate(
             if drafter is not None and max_len > 0
             else DraftBlock.empty(1, target.vocab_size)
         )
+        if bool(block.invalid_rows().any()):
+            raise DsparkError(
+                "the drafter produced non-finite probabilities (corrupt drafter weights?); decoding stopped"
+            )
         emitted, accepted, new_features = _round(target, drafter, req, block)
         cut = commit(emitted, int(block.lengths[0]), accepted)
         if on_round is not None:

@@ -109,6 +109,63 @@ def batch_layout(batch: TrainBatch, block_size: int) -> BlockLayout:
     return block_layout(batch.input_ids, batch.loss_mask, anchors.to(batch.input_ids.device), block_size)
 
 
+@dataclass(frozen=True)
+class PackedBlocks:
+    """The real blocks of a batch as one flat list, with the context they can see, packed.
+
+    Padding anchors are dropped and the rows' blocks concatenated (row-major), so no
+    drafter work is spent on padding. The packed context holds, row after row, the
+    entries ``t < max anchor of the row`` (no block sees later ones, padding included).
+    """
+
+    rows: Tensor  # [N] long, the batch row of each block
+    anchors: Tensor  # [N] long
+    positions: Tensor  # [N, K] long, anchor + k
+    labels: Tensor  # [N, K] long
+    valid: Tensor  # [N, K] bool
+    ctx_rows: Tensor  # [C] long, the batch row of each packed context entry
+    ctx_positions: Tensor  # [C] long, its position in that row
+
+    @property
+    def block_size(self) -> int:
+        return self.positions.shape[-1]
+
+    def row_spans(self) -> tuple[tuple[int, int, int, int], ...]:
+        """``(n0, n1, c0, c1)`` per batch row: its blocks ``n0:n1`` and its packed context ``c0:c1``."""
+        B = int(self.rows.max()) + 1 if self.rows.numel() else 0  # rows with context all have blocks
+        blocks = torch.bincount(self.rows, minlength=B).cumsum(0).tolist()
+        context = torch.bincount(self.ctx_rows, minlength=B).cumsum(0).tolist()
+        spans, n0, c0 = [], 0, 0
+        for n1, c1 in zip(blocks, context):
+            if n1 > n0:
+                spans.append((n0, n1, c0, c1))
+            n0, c0 = n1, c1
+        return tuple(spans)
+
+    def context_mask(self) -> Tensor:
+        """``[N, C]`` bool: block n sees packed entry c iff they share a row and c's position < n's anchor."""
+        same_row = self.ctx_rows.unsqueeze(0) == self.rows.unsqueeze(1)  # [N, C]
+        return same_row & (self.ctx_positions.unsqueeze(0) < self.anchors.unsqueeze(1))
+
+
+def pack_blocks(layout: BlockLayout, context_len: int) -> PackedBlocks:
+    """The real blocks of ``layout`` and the context entries any of them sees (``context_len`` = T)."""
+    keep = layout.anchors >= 0  # [B, A]
+    rows = keep.nonzero()[:, 0]  # [N], row-major like the boolean indexing below
+    horizon = layout.anchors.max(dim=1).values.clamp_min(0)  # [B]: no block sees t >= horizon
+    t = torch.arange(context_len, device=layout.anchors.device)  # [T]
+    ctx_rows, ctx_positions = (t.unsqueeze(0) < horizon.unsqueeze(1)).nonzero(as_tuple=True)  # [C], [C]
+    return PackedBlocks(
+        rows=rows,
+        anchors=layout.anchors[keep],
+        positions=layout.positions[keep],
+        labels=layout.labels[keep],
+        valid=layout.valid[keep],
+        ctx_rows=ctx_rows,
+        ctx_positions=ctx_positions,
+    )
+
+
 def visible_context(anchors: Tensor, context_len: int) -> Tensor:
     """``[B, A, C]`` bool: context entry ``t`` is visible to the block at ``a`` iff ``t < a``.
 

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from transformers.activations import ACT2FN
 
 from dspark.drafters.mask import resolve_mask_id
-from dspark.protocols import SamplingParams
+from dspark.protocols import SamplingParams, SlotFactors
 from dspark.targets.families import layer_shape
 
 # -- dimensions -------------------------------------------------------------------------
@@ -130,6 +130,56 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
+@dataclass(frozen=True)
+class PackedBlockMask:
+    """Who sees what when N blocks of K slots are packed into one sequence of N*K queries.
+
+    ``context [B, N, C]`` bool: block n sees context entry c. Inside its block a slot sees
+    every slot (bidirectional, SPEC §5.1); it never sees another block. ``spans`` (from
+    :meth:`~dspark.drafters.blocks.PackedBlocks.row_spans`) lists ``(n0, n1, c0, c1)``:
+    blocks ``n0:n1`` can only see context ``c0:c1`` (their batch row), so the scores
+    outside those rectangles are never computed.
+    """
+
+    context: Tensor  # [B, N, C] bool
+    block_size: int
+    spans: tuple[tuple[int, int, int, int], ...] | None = None
+
+
+def attend_packed_blocks(
+    q: Tensor, ctx_k: Tensor, ctx_v: Tensor, k: Tensor, v: Tensor, mask: PackedBlockMask
+) -> Tensor:
+    """Attention of packed blocks over their visible context and their own block only.
+
+    q ``[B, nh, N*K, hd]``; ctx_k/ctx_v ``[B, nkv, C, hd]``; k/v ``[B, nkv, N*K, hd]`` (the
+    blocks' own). Equal to SDPA over ``[ctx ; every block]`` with
+    :func:`~dspark.drafters.blocks.block_attention_mask`, but scores only each block's own
+    row of context and its own K slots: ``Σ_rows N_r*K*(C_r + K)`` scores instead of
+    ``N*K*(C + N*K)``. The softmax runs over the context and own-block scores together.
+    """
+    B, nh, Q, hd = q.shape
+    K = mask.block_size
+    N, C = Q // K, ctx_k.shape[2]
+    assert Q == N * K and mask.context.shape == (B, N, C), f"{tuple(mask.context.shape)} vs {(B, N, C)}"
+    groups = nh // ctx_k.shape[1]
+    if groups > 1:
+        ctx_k, ctx_v, k, v = (x.repeat_interleave(groups, dim=1) for x in (ctx_k, ctx_v, k, v))
+    q = q * hd**-0.5
+    s_own = q.view(B, nh, N, K, hd) @ k.view(B, nh, N, K, hd).transpose(-1, -2)  # [B, nh, N, K, K]
+    v_own = v.view(B, nh, N, K, hd)
+    outs = []
+    for n0, n1, c0, c1 in mask.spans or ((0, N, 0, C),):
+        n, c = n1 - n0, c1 - c0
+        s_ctx = q[:, :, n0 * K : n1 * K] @ ctx_k[:, :, c0:c1].transpose(-1, -2)  # [B, nh, n*K, c]
+        s_ctx = s_ctx.view(B, nh, n, K, c).masked_fill(
+            ~mask.context[:, n0:n1, c0:c1].view(B, 1, n, 1, c), -torch.inf
+        )
+        p = torch.softmax(torch.cat([s_ctx, s_own[:, :, n0:n1]], dim=-1).float(), dim=-1).to(q.dtype)
+        out = p[..., :c].reshape(B, nh, n * K, c) @ ctx_v[:, :, c0:c1]  # [B, nh, n*K, hd]
+        outs.append(out + (p[..., c:] @ v_own[:, :, n0:n1]).reshape(B, nh, n * K, hd))
+    return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+
+
 class SwiGLU(nn.Module):
     """``down(act(gate(x)) * up(x))``; ``act`` = SiLU (SwiGLU) unless the family uses another."""
 
@@ -179,12 +229,12 @@ class DraftAttention(nn.Module):
         sin: Tensor,
         ctx_k: Tensor | None,
         ctx_v: Tensor | None,
-        mask: Tensor | None,
+        mask: Tensor | PackedBlockMask | None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Attend from ``x [B, T, in]`` over ``[ctx ; x]``; returns out ``[B, T, H]`` and x's k, v.
 
         ``ctx_k``/``ctx_v`` ``[B, nkv, C, hd]`` are already rotated; ``mask`` is
-        ``[B, 1, T, C + T]`` bool or None.
+        ``[B, 1, T, C + T]`` bool, None, or a :class:`PackedBlockMask` (training's packed blocks).
         """
         B, T, _ = x.shape
         q = self._heads(self.q_proj(x), self.num_heads)  # [B, nh, T, hd]
@@ -192,9 +242,12 @@ class DraftAttention(nn.Module):
             q = self.q_norm(q)
         q = apply_rope(q, cos, sin)
         k, v = self.project_kv(x, cos, sin)  # [B, nkv, T, hd]
-        keys = k if ctx_k is None else torch.cat([ctx_k, k], dim=2)  # [B, nkv, C+T, hd]
-        values = v if ctx_v is None else torch.cat([ctx_v, v], dim=2)
-        out = attend(q, keys, values, mask)  # [B, nh, T, hd]
+        if isinstance(mask, PackedBlockMask):
+            out = attend_packed_blocks(q, ctx_k, ctx_v, k, v, mask)  # [B, nh, T, hd]
+        else:
+            keys = k if ctx_k is None else torch.cat([ctx_k, k], dim=2)  # [B, nkv, C+T, hd]
+            values = v if ctx_v is None else torch.cat([ctx_v, v], dim=2)
+            out = attend(q, keys, values, mask)  # [B, nh, T, hd]
         out = out.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)  # [B, T, nh*hd]
         return self.o_proj(out), k, v
 
@@ -227,7 +280,7 @@ class DraftDecoderLayer(nn.Module):
         sin: Tensor,
         ctx_k: Tensor | None,
         ctx_v: Tensor | None,
-        mask: Tensor | None,
+        mask: Tensor | PackedBlockMask | None,
     ) -> Tensor:
         """Block hidden states ``[B, T, H]`` → ``[B, T, H]``."""
         attn, _, _ = self.self_attn(self.input_layernorm(h), cos, sin, ctx_k, ctx_v, mask)
@@ -256,19 +309,23 @@ def init_weights(module: nn.Module, std: float) -> None:
 # -- the target's shared pieces ---------------------------------------------------------
 
 
-def resolve_target_fields(config, target):
+def resolve_target_fields(config, target, *, own_layers: bool = False):
     """``config`` with ``target_layer_ids`` and ``mask_token_id`` filled in from ``target``.
 
-    ``None`` means "the target's": its adapter's feature layers, its tokenizer's mask
-    token (:mod:`dspark.drafters.mask` when it has none). Given values must agree with
-    the adapter, whose forward produces the features
-    the drafter reads (fail loudly rather than read the wrong layers).
+    ``None`` means "the target's": its adapter's default feature layers, its tokenizer's
+    mask token (:mod:`dspark.drafters.mask` when it has none). For a drafter about to be
+    trained, given layers must agree with the adapter, whose default forward produces
+    the training features (fail loudly rather than train on the wrong layers). A trained
+    drafter (``own_layers``, from its folder) keeps its own layers, checked to exist:
+    inference passes them to every forward.
     """
     changes = {}
     if hasattr(config, "target_layer_ids"):
         ids = config.target_layer_ids
         if ids is None:
             changes["target_layer_ids"] = tuple(target.target_layer_ids)
+        elif own_layers:
+            target.feature_layers(ids)  # raises ValueError naming ids the target lacks
         elif tuple(ids) != tuple(target.target_layer_ids):
             raise ValueError(
                 f"drafter target_layer_ids {tuple(ids)} != the adapter's {tuple(target.target_layer_ids)}: "
@@ -304,6 +361,42 @@ def lm_logits(lm_head: nn.Linear, h: Tensor, softcap: float | None) -> Tensor:
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
     return logits
+
+
+def slot_factors(
+    lm_head: nn.Linear,
+    hidden: Tensor,
+    target_hidden: Tensor,
+    positions: Tensor,
+    softcap: float | None,
+    *,
+    rows: Tensor | None = None,
+    low_rank: tuple[Tensor, Tensor] | None = None,
+) -> SlotFactors:
+    """The draft and target logits of every slot as :class:`~dspark.protocols.SlotFactors` (SPEC §6).
+
+    ``hidden [..., K, H]`` are the slots' final-normed draft states; ``target_hidden
+    [B, T, H]`` the target's final-normed last hidden state; ``positions [B, A, K]`` the
+    slots' positions (clamped to T - 1), or ``[N, K]`` with ``rows [N]`` naming each
+    block's batch row; ``low_rank`` the sequential head's ``(u [..., K, r], W_2ᵀ [V, r])``.
+    Blocks overlap — slot k of anchor a and slot k - 1 of anchor a + 1 sit at one
+    position — so the target's rows are kept once per distinct position.
+    """
+    B, T, H = target_hidden.shape
+    if rows is None:
+        rows = torch.arange(B, device=positions.device).view(B, 1).expand(positions.shape[:-1])
+    flat = (rows.unsqueeze(-1) * T + positions.clamp_max(T - 1)).reshape(-1)  # [slots]
+    distinct, inverse = torch.unique(flat, return_inverse=True)  # [U], [slots]
+    u, w2 = low_rank if low_rank is not None else (None, None)
+    return SlotFactors(
+        hidden=hidden,
+        head=lm_head.weight,
+        target_rows=target_hidden.reshape(B * T, H)[distinct],  # [U, H]
+        target_index=inverse.view(hidden.shape[:-1]),
+        softcap=softcap,
+        low_rank_u=u,
+        low_rank_w=w2,
+    )
 
 
 # -- inference state ------------------------------------------------------------------------
@@ -345,6 +438,25 @@ class DrafterCache:
     generator: torch.Generator | None  # seeded from SamplingParams.seed, else None
 
 
+def request_cache(
+    state, params: SamplingParams, num_layers: int, dims: DecoderDims, like: Tensor
+) -> DrafterCache:
+    """``state.drafter_cache``, created on a request's first proposal: empty context K/V for
+    ``num_layers`` draft layers (dtype and device of ``like``) and the request's generator."""
+    if state.drafter_cache is None:
+        context = ContextKV(
+            num_layers, dims.num_kv_heads, dims.head_dim, dtype=like.dtype, device=like.device
+        )
+        state.drafter_cache = DrafterCache(context=context, generator=request_generator(params, like.device))
+    return state.drafter_cache
+
+
+def scaled_embedding(embed_tokens: nn.Embedding, ids: Tensor, dims: DecoderDims) -> Tensor:
+    """Token embeddings ``[...] → [..., H]``, scaled like the target's (Gemma's √H)."""
+    e = embed_tokens(ids)
+    return e * dims.embed_scale if dims.embed_scale != 1.0 else e
+
+
 def batch_context(caches: list[ContextKV]) -> tuple[Tensor, Tensor]:
     """R requests' context K/V right-padded, ``[n_layers, 2, R, nkv, Cmax, hd]``, and lengths ``[R]``."""
     views = [c.view() for c in caches]
@@ -380,7 +492,9 @@ def sample_tokens(
 ) -> Tensor:
     """One token per row of ``probs [R, V]`` or ``[R, K, V]``: argmax if greedy, else a draw.
 
-    Request r draws from its own generator, so its drafts depend on its own seed only.
+    Request r draws from its own generator, so its drafts depend on its own seed only. A
+    row that is not a distribution (NaN/inf, no mass: a corrupt drafter) is not drawn
+    from; it keeps its argmax and the caller (the engine) fails that request on its probs.
     """
     if probs.dim() == 2:
         return sample_tokens(probs.unsqueeze(1), sampling, generators).squeeze(1)
@@ -388,7 +502,10 @@ def sample_tokens(
     tokens = probs.argmax(dim=-1)  # [R, K]
     for r, (params, g) in enumerate(zip(sampling, generators)):
         if not params.greedy and K > 0:
-            tokens[r] = torch.multinomial(probs[r].float(), 1, generator=g).squeeze(-1)  # [K]
+            p = probs[r].float()  # [K, V]
+            mass = p.sum(dim=-1)  # [K]; non-finite iff some entry is
+            if bool((torch.isfinite(mass) & (mass > 0)).all()):
+                tokens[r] = torch.multinomial(p, 1, generator=g).squeeze(-1)  # [K]
     return tokens
 
 
@@ -405,12 +522,18 @@ def assert_states(states, max_len: int, sampling) -> None:
             )
 
 
-def build_from_target(cls, target, config):
-    """``cls(config, dims)`` for ``target``: fields resolved, embedding and LM head copied, on its device."""
-    config = resolve_target_fields(config, target)
+def drafter_dims(target, config) -> DecoderDims:
+    """The target's dims with the config's draft-layer choices (``qk_norm``) over the family's."""
     dims = DecoderDims.from_target(target)
-    if getattr(config, "qk_norm", None) is not None:  # the config's choice over the family's
+    if getattr(config, "qk_norm", None) is not None:
         dims = dataclasses.replace(dims, qk_norm=bool(config.qk_norm))
-    drafter = cls(config, dims)
+    return dims
+
+
+def build_from_target(cls, target, config, *, own_layers: bool = False):
+    """``cls(config, dims)`` for ``target``: fields resolved (``own_layers``: see
+    :func:`resolve_target_fields`), embedding and LM head copied, on its device."""
+    config = resolve_target_fields(config, target, own_layers=own_layers)
+    drafter = cls(config, drafter_dims(target, config))
     copy_shared_weights(drafter, target)
     return drafter.to(device=target.device, dtype=target.dtype)

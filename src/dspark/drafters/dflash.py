@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from dspark.drafters.blocks import BlockLayout, batch_layout, block_attention_mask
+from dspark.drafters.blocks import PackedBlocks, batch_layout, pack_blocks
 from dspark.drafters.common import (
-    ContextKV,
     DecoderDims,
     DraftDecoderLayer,
     DrafterCache,
+    PackedBlockMask,
     RMSNorm,
     assert_states,
     batch_context,
@@ -36,12 +36,14 @@ from dspark.drafters.common import (
     init_weights,
     lm_logits,
     padded_context_mask,
-    request_generator,
+    request_cache,
     rope_cos_sin,
     sample_tokens,
+    scaled_embedding,
+    slot_factors,
 )
 from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, dflash_objective
-from dspark.protocols import DraftBlock, SamplingParams, SequenceState, TrainBatch, TrainOutput
+from dspark.protocols import DraftBlock, SamplingParams, SequenceState, SlotFactors, TrainBatch, TrainOutput
 from dspark.sampling.probs import batch_probs
 
 
@@ -107,8 +109,7 @@ class DFlashBackbone(nn.Module):
 
     def embed(self, ids: Tensor) -> Tensor:
         """Token embeddings ``[...] → [..., H]``, scaled like the target's (Gemma)."""
-        e = self.embed_tokens(ids)
-        return e * self.dims.embed_scale if self.dims.embed_scale != 1.0 else e
+        return scaled_embedding(self.embed_tokens, ids, self.dims)
 
     def context_features(self, features: Tensor) -> Tensor:
         """``H_ctx = RMSNorm(W_c [H^(l1); …; H^(lm)])``: ``[..., L, H] → [..., H]`` (Eq. 2)."""
@@ -137,42 +138,51 @@ class DFlashBackbone(nn.Module):
 
     # -- training ----------------------------------------------------------------------------
 
-    def block_hidden_train(self, batch: TrainBatch, layout: BlockLayout) -> Tensor:
-        """Final-normed hidden states ``[B, A, K, H]`` of every block, in one forward (SPEC §6).
+    def block_hidden_train(self, batch: TrainBatch, blocks: PackedBlocks) -> Tensor:
+        """Final-normed hidden states ``[N, K, H]`` of the batch's real blocks, in one forward (SPEC §6).
 
-        Context = the fused features of all T positions; the mask lets each block see
-        only the entries strictly before its anchor and its own slots.
+        Every row's blocks and visible context are packed into one sequence (padding
+        anchors and never-visible context dropped); each block attends to the context
+        entries of its own row strictly before its anchor and to its own slots only
+        (:func:`~dspark.drafters.common.attend_packed_blocks`).
         """
-        B, T = batch.input_ids.shape
-        A, K, H = layout.anchors.shape[1], self.block_size, self.dims.hidden_size
-        h_ctx = self.context_features(batch.features)  # [B, T, H]
-        cos_c, sin_c = self._rope(torch.arange(T, device=h_ctx.device).expand(B, T))  # [B, T, hd]
-        anchor_ids = batch.input_ids.gather(1, layout.anchors.clamp_min(0))  # [B, A]
-        h = self.block_embeddings(anchor_ids).view(B, A * K, H).to(h_ctx.dtype)  # [B, A*K, H]
-        cos_q, sin_q = self._rope(layout.positions.view(B, A * K))  # [B, A*K, hd]
-        mask = block_attention_mask(layout.anchors, T, K)  # [B, 1, A*K, T + A*K]
+        N, K = blocks.positions.shape
+        H = self.dims.hidden_size
+        feats = batch.features[blocks.ctx_rows, blocks.ctx_positions]  # [C, L, H]
+        h_ctx = self.context_features(feats).unsqueeze(0)  # [1, C, H]
+        cos_c, sin_c = self._rope(blocks.ctx_positions.unsqueeze(0))  # [1, C, hd]
+        anchor_ids = batch.input_ids[blocks.rows, blocks.anchors]  # [N]
+        h = self.block_embeddings(anchor_ids).view(1, N * K, H).to(h_ctx.dtype)  # [1, N*K, H]
+        cos_q, sin_q = self._rope(blocks.positions.view(1, N * K))  # [1, N*K, hd]
+        mask = PackedBlockMask(blocks.context_mask().unsqueeze(0), K, blocks.row_spans())  # [1, N, C]
         for layer in self.layers:
-            ctx_k, ctx_v = layer.context_kv(h_ctx, cos_c, sin_c)  # [B, nkv, T, hd]
+            ctx_k, ctx_v = layer.context_kv(h_ctx, cos_c, sin_c)  # [1, nkv, C, hd]
             h = layer(h, cos_q, sin_q, ctx_k, ctx_v, mask)
-        return self.norm(h).view(B, A, K, H)
+        return self.norm(h).view(N, K, H)
 
-    def target_logits(self, batch: TrainBatch, layout: BlockLayout) -> Tensor:
-        """The target's logits at every slot ``[B, A, K, V]``, from its final-normed hidden (SPEC §6)."""
-        B, A, K = layout.positions.shape
-        H = batch.target_hidden.shape[-1]
-        idx = layout.positions.view(B, A * K, 1).clamp_max(batch.target_hidden.shape[1] - 1).expand(-1, -1, H)
-        hidden = batch.target_hidden.gather(1, idx).view(B, A, K, H)  # [B, A, K, H]
-        return self.logits(hidden.to(self.lm_head.weight.dtype))
+    def slot_factors(
+        self,
+        h: Tensor,
+        batch: TrainBatch,
+        blocks: PackedBlocks,
+        low_rank: tuple[Tensor, Tensor] | None = None,
+    ) -> SlotFactors:
+        """The draft and target logits of the packed slots ``[1, N, K]``, as factors (SPEC §6)."""
+        softcap = self.dims.logit_softcap
+        return slot_factors(
+            self.lm_head,
+            h,
+            batch.target_hidden,
+            blocks.positions,
+            softcap,
+            rows=blocks.rows,
+            low_rank=low_rank,
+        )
 
     # -- inference ---------------------------------------------------------------------------
 
     def _cache(self, state: SequenceState, params: SamplingParams) -> DrafterCache:
-        if state.drafter_cache is None:
-            w = self.fc.weight
-            d = self.dims
-            context = ContextKV(len(self.layers), d.num_kv_heads, d.head_dim, dtype=w.dtype, device=w.device)
-            state.drafter_cache = DrafterCache(context=context, generator=request_generator(params, w.device))
-        return state.drafter_cache
+        return request_cache(state, params, len(self.layers), self.dims, like=self.fc.weight)
 
     @torch.no_grad()
     def sync_context(self, state: SequenceState) -> None:
@@ -246,14 +256,13 @@ class DFlashDrafter(DFlashBackbone):
         return build_from_target(cls, target, config)
 
     def forward_train(self, batch: TrainBatch) -> TrainOutput:
-        """Logits of every block slot, with teacher-forced context (SPEC §6)."""
-        layout = batch_layout(batch, self.block_size)
-        h = self.block_hidden_train(batch, layout)  # [B, A, K, H]
+        """Every real block's slots ``[1, N, K]``, teacher-forced context, logits as factors (SPEC §6)."""
+        blocks = pack_blocks(batch_layout(batch, self.block_size), batch.input_ids.shape[1])
+        h = self.block_hidden_train(batch, blocks).unsqueeze(0)  # [1, N, K, H]
         return TrainOutput(
-            logits=self.logits(h),
-            labels=layout.labels,
-            target_logits=self.target_logits(batch, layout),
-            valid=layout.valid,
+            labels=blocks.labels.unsqueeze(0),
+            valid=blocks.valid.unsqueeze(0),
+            factors=self.slot_factors(h, batch, blocks),
         )
 
     def loss(self, out: TrainOutput) -> LossOutput:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from dspark.drafters.blocks import batch_layout
+from dspark.drafters.blocks import batch_layout, pack_blocks
 from dspark.drafters.common import DecoderDims, assert_states, build_from_target, sample_tokens
 from dspark.drafters.dflash import DFlashBackbone
 from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, dspark_objective
@@ -102,28 +102,29 @@ class DSparkDrafter(DFlashBackbone):
     # -- training ----------------------------------------------------------------------------
 
     def forward_train(self, batch: TrainBatch) -> TrainOutput:
-        """Markov-corrected logits and confidences of every slot, teacher-forced (SPEC §5.3, §6)."""
-        layout = batch_layout(batch, self.block_size)
-        h = self.block_hidden_train(batch, layout)  # [B, A, K, H]
-        logits = self.logits(h)  # [B, A, K, V]: base logits U_k
-        B, A, K = layout.positions.shape
+        """Markov-corrected logits and confidences of every real block ``[1, N, K, ...]``, teacher-forced.
+
+        SPEC §5.3, §6; the blocks are packed as in :meth:`DFlashBackbone.block_hidden_train`.
+        """
+        blocks = pack_blocks(batch_layout(batch, self.block_size), batch.input_ids.shape[1])
+        h = self.block_hidden_train(batch, blocks).unsqueeze(0)  # [1, N, K, H]
         # Slot k sits at position a + k, whose ground-truth token is x_{k-1} (slot 0: the anchor);
         # slots past the end are invalid, any index will do.
-        at = layout.positions.view(B, A * K).clamp_max(batch.input_ids.shape[1] - 1)  # [B, A*K]
-        prev = batch.input_ids.gather(1, at).view(B, A, K)  # [B, A, K]
-        markov_emb = None
+        at = blocks.positions.clamp_max(batch.input_ids.shape[1] - 1)  # [N, K]
+        prev = batch.input_ids[blocks.rows.unsqueeze(-1), at].unsqueeze(0)  # [1, N, K]
+        low_rank = markov_emb = None
         if self.markov_head is not None:
-            bias, markov_emb = self.markov_head.teacher_forced(prev, h)  # [B, A, K, V], [B, A, K, r]
-            logits = logits + bias.float()
+            # logits = U_k + B_k with B_k = W_2ᵀ u_k (Eq. 4-6): kept factored for the chunked loss
+            u, markov_emb = self.markov_head.teacher_forced_factors(prev, h)  # [1, N, K, r] x 2
+            low_rank = (u, self.markov_head.markov_w2.weight)
         confidences = None
         if self.confidence_head is not None:
-            confidences = torch.sigmoid(self._confidence_logits(h, markov_emb))  # [B, A, K]
+            confidences = torch.sigmoid(self._confidence_logits(h, markov_emb))  # [1, N, K]
         return TrainOutput(
-            logits=logits,
-            labels=layout.labels,
-            target_logits=self.target_logits(batch, layout),
-            valid=layout.valid,
+            labels=blocks.labels.unsqueeze(0),
+            valid=blocks.valid.unsqueeze(0),
             confidences=confidences,
+            factors=self.slot_factors(h, batch, blocks, low_rank),
         )
 
     def loss(self, out: TrainOutput) -> LossOutput:

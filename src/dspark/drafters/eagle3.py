@@ -27,7 +27,6 @@ from torch import Tensor, nn
 
 from dspark.drafters.blocks import batch_layout, chain_attention_mask
 from dspark.drafters.common import (
-    ContextKV,
     DecoderDims,
     DraftAttention,
     DrafterCache,
@@ -40,9 +39,11 @@ from dspark.drafters.common import (
     init_weights,
     lm_logits,
     padded_context_mask,
-    request_generator,
+    request_cache,
     rope_cos_sin,
     sample_tokens,
+    scaled_embedding,
+    slot_factors,
 )
 from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, eagle3_objective
 from dspark.protocols import DraftBlock, SamplingParams, SequenceState, TrainBatch, TrainOutput
@@ -125,8 +126,7 @@ class Eagle3Drafter(nn.Module):
         return self.layers[0]
 
     def embed(self, ids: Tensor) -> Tensor:
-        e = self.embed_tokens(ids)
-        return e * self.dims.embed_scale if self.dims.embed_scale != 1.0 else e
+        return scaled_embedding(self.embed_tokens, ids, self.dims)
 
     def logits(self, h: Tensor) -> Tensor:
         """``lm_head(norm(h))`` fp32: ``[..., H] → [..., V]``."""
@@ -169,20 +169,13 @@ class Eagle3Drafter(nn.Module):
                 keys.append(k_new)
                 values.append(v_new)
             outputs.append(h)
-        hidden = torch.stack(outputs, dim=2)  # [B, A, K, H]
+        hidden = self.norm(torch.stack(outputs, dim=2))  # [B, A, K, H], final-normed
+        softcap = self.dims.logit_softcap
         return TrainOutput(
-            logits=self.logits(hidden),
             labels=layout.labels,
-            target_logits=self._target_logits(batch, layout.positions),
             valid=layout.valid & (anchors >= 1).unsqueeze(-1),
+            factors=slot_factors(self.lm_head, hidden, batch.target_hidden, layout.positions, softcap),
         )
-
-    def _target_logits(self, batch: TrainBatch, positions: Tensor) -> Tensor:
-        B, A, K = positions.shape
-        H = batch.target_hidden.shape[-1]
-        idx = positions.view(B, A * K, 1).clamp_max(batch.target_hidden.shape[1] - 1).expand(-1, -1, H)
-        hidden = batch.target_hidden.gather(1, idx).view(B, A, K, H)  # final-normed already
-        return lm_logits(self.lm_head, hidden.to(self.lm_head.weight.dtype), self.dims.logit_softcap)
 
     def loss(self, out: TrainOutput) -> LossOutput:
         return compute_loss(out, self.config.objective)
@@ -190,11 +183,7 @@ class Eagle3Drafter(nn.Module):
     # -- inference ---------------------------------------------------------------------------
 
     def _cache(self, state: SequenceState, params: SamplingParams) -> DrafterCache:
-        if state.drafter_cache is None:
-            w = self.fc.weight
-            context = ContextKV(1, self.dims.num_kv_heads, self.dims.head_dim, dtype=w.dtype, device=w.device)
-            state.drafter_cache = DrafterCache(context=context, generator=request_generator(params, w.device))
-        return state.drafter_cache
+        return request_cache(state, params, len(self.layers), self.dims, like=self.fc.weight)
 
     @torch.no_grad()
     def sync_context(self, state: SequenceState) -> None:

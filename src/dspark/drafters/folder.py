@@ -16,6 +16,8 @@ versions (``markov_head.rnn_proj.weight``) load with a zero ``joint_proj.bias``.
 Loading validates every field against the target and fails loudly on a missing or
 unexpected key or a shape mismatch — never a silent skip or zero-fill: silent
 block-size and LM-head mismatches are the most reported cause of collapsed acceptance.
+Sizes are checked against the safetensors header before anything is built, and
+weights must be finite (:mod:`dspark.drafters.folder_checks`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -34,9 +35,18 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from dspark.drafters.common import build_from_target, drafter_dims, resolve_target_fields
+from dspark.drafters.folder_checks import (
+    SIZE_FIELDS,
+    check_config_fields,
+    check_finite,
+    check_weight_shapes,
+    header_shapes,
+)
 from dspark.drafters.kinds import DrafterKind, kind_of_config, kind_of_folder_config
 from dspark.errors import DsparkError
 from dspark.heads.rnn import upgrade_rnn_keys
+from dspark.output_folders import check_replaceable, publish_folder
 from dspark.targets import TargetAdapter, validate_layer_ids
 
 log = logging.getLogger(__name__)
@@ -83,24 +93,25 @@ def save_drafter(folder: str | Path, drafter: nn.Module, target: TargetAdapter, 
     return _finish(tmp, folder)
 
 
-def _finish(tmp: Path, folder: Path) -> Path:
-    """Make the temp folder readable like any other (mkdtemp makes it 0700), then move it in place."""
-    os.chmod(tmp, 0o755)
-    for f in tmp.iterdir():
-        os.chmod(f, 0o644)
-    if folder.exists():
-        shutil.rmtree(folder)
-    os.replace(tmp, folder)
-    return folder
+# What a drafter folder holds when dspark wrote it (replaceable even without a marker).
+DRAFTER_FILES = (CONFIG_NAME, WEIGHTS_NAME, EXPORT_MANIFEST, "SERVE.md")
+
+
+def _finish(tmp: Path, folder: Path, *, command: str = "save", **check) -> Path:
+    """Move the finished temporary folder in place; an existing ``folder`` is replaced only
+    when it holds nothing but a drafter folder dspark wrote (:mod:`dspark.output_folders`)."""
+    check.setdefault("legacy_names", DRAFTER_FILES)
+    return publish_folder(tmp, folder, command=command, **check)
 
 
 def publish_checkpoint(checkpoint: str | Path, folder: str | Path) -> Path:
     """Copy a training checkpoint's ``config.json`` + ``model.safetensors`` into a drafter folder."""
     checkpoint, folder = Path(checkpoint), Path(folder)
+    check_replaceable(folder, inputs=[checkpoint], legacy_names=DRAFTER_FILES)  # before copying gigabytes
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     for name in (CONFIG_NAME, WEIGHTS_NAME):
         shutil.copyfile(checkpoint / name, tmp / name)
-    return _finish(tmp, folder)
+    return _finish(tmp, folder, command="train", inputs=[checkpoint])
 
 
 def _read_config(folder: Path) -> dict[str, Any]:
@@ -108,10 +119,14 @@ def _read_config(folder: Path) -> dict[str, Any]:
     if not path.is_file():
         raise DrafterLoadError(f"{folder} is not a drafter folder (no {CONFIG_NAME})")
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise DrafterLoadError(f"{path}: not valid JSON ({e.msg})") from None
-    layer = raw.get("transformer_layer_config") if isinstance(raw, dict) else None
+    except UnicodeDecodeError:
+        raise DrafterLoadError(f"{path}: not UTF-8 text") from None
+    if not isinstance(raw, dict):
+        raise DrafterLoadError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+    layer = raw.get("transformer_layer_config")
     if isinstance(layer, dict):  # the speculators layout: the layer config is nested
         raw = {**layer, **{k: v for k, v in raw.items() if k != "transformer_layer_config"}}
     return raw
@@ -222,32 +237,53 @@ def _check_shared_weights(state: dict[str, torch.Tensor], target: TargetAdapter,
             )
 
 
+def _upgraded_shapes(shapes: dict[str, tuple[int, ...]], where: Path) -> dict[str, tuple[int, ...]]:
+    """Header shapes as the legacy-key upgrade will name them (meta tensors: nothing allocated)."""
+    try:
+        meta = upgrade_rnn_keys({k: torch.empty(v, device="meta") for k, v in shapes.items()})
+    except ValueError as e:
+        raise DrafterLoadError(f"{where}: {e}") from None
+    return {k: tuple(v.shape) for k, v in meta.items()}
+
+
 def load_drafter(folder: str | Path, target: TargetAdapter, *, block_size: int | None = None) -> nn.Module:
     """Load a drafter folder for ``target``, validating everything (module docstring).
 
     ``block_size``, when given, must equal the drafter's (a drafter trained for γ
-    slots predicts positions anchor+1..anchor+γ and nothing else). When the drafter
-    reads other feature layers than the adapter computes, the adapter is switched to
-    the drafter's layers (they were validated to exist).
+    slots predicts positions anchor+1..anchor+γ and nothing else). The drafter may read
+    other feature layers than the adapter's default (they were validated to exist): the
+    target is not changed, every forward gets ``layer_ids=drafter.target_layer_ids``.
     """
     folder = Path(folder)
     raw = _read_config(folder)
     kind = kind_of_folder_config(raw, folder)
+    check_config_fields(raw, folder, DrafterLoadError)
     _check_against_target(raw, kind, target, folder)
     if block_size is not None and raw["block_size"] != block_size:
         raise DrafterLoadError(
             f"{folder}: drafter block_size {raw['block_size']} != the requested {block_size}"
         )
-    ids = tuple(raw["target_layer_ids"])
-    if ids != tuple(target.target_layer_ids):
-        log.info("switching the target's feature layers to the drafter's %s", ids)
-        target.target_layer_ids = validate_layer_ids(ids, target.num_layers)
-    config = kind.config_from_fields(raw)
-    drafter = kind.drafter_cls.from_target(target, config)
+    try:
+        config = kind.config_from_fields(raw)
+    except (ValueError, TypeError) as e:
+        raise DrafterLoadError(f"{folder}: malformed drafter config: {e}") from None
     weights = folder / WEIGHTS_NAME
     if not weights.is_file():
         raise DrafterLoadError(f"{folder}: no {WEIGHTS_NAME}")
     _verify_checksums(folder)
+    # Sizes against the file's header before anything is allocated (folder_checks).
+    shapes = _upgraded_shapes(_unalias_keys(header_shapes(weights, DrafterLoadError), folder), folder)
+    check_weight_shapes(
+        shapes,
+        raw["num_hidden_layers"],
+        lambda: kind.drafter_cls(
+            resolve_target_fields(config, target, own_layers=True), drafter_dims(target, config)
+        ),
+        folder,
+        DrafterLoadError,
+        {k: raw[k] for k in SIZE_FIELDS if k in raw},
+    )
+    drafter = build_from_target(kind.drafter_cls, target, config, own_layers=True)
     try:
         state = load_file(str(weights))
     except Exception as e:  # safetensors raises its own error types for corrupt files
@@ -259,6 +295,7 @@ def load_drafter(folder: str | Path, target: TargetAdapter, *, block_size: int |
         raise DrafterLoadError(f"{folder}: {e}") from None
     expected = drafter.state_dict()
     _check_state(state, expected, folder)
+    check_finite(state, folder, DrafterLoadError)
     _check_shared_weights(state, target, folder)
     drafter.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)
     return drafter.eval()
@@ -279,4 +316,4 @@ def convert_folder(src: str | Path, dst: str | Path, dtype: torch.dtype) -> Path
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
     save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
     (tmp / CONFIG_NAME).write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
-    return _finish(tmp, dst)
+    return _finish(tmp, dst, command="convert", inputs=[src])

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from dspark.drafters.chunked_objective import DEFAULT_BUDGET_BYTES, chunked_terms
 from dspark.protocols import TrainOutput
+from dspark.sampling.rejection import acceptance_probability
 
 _EPS = 1e-6  # keeps log(c) and log(1 - c) finite for confidences saturated in fp32
 
@@ -93,17 +95,24 @@ def weighted_mean(values: Tensor, valid: Tensor, weights: Tensor) -> Tensor:
 # -- per-slot terms ---------------------------------------------------------------------
 
 
+def nll(logp: Tensor, labels: Tensor) -> Tensor:
+    """``-log p_d(x*)`` per slot from log-probabilities ``[..., V]`` and labels ``[...]`` (Eq. 9)."""
+    return -logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+
+
 def cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
     """``-log p_d(x*)`` per slot: logits ``[..., V]``, labels ``[...]`` → ``[...]`` (Eq. 9)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)  # [..., V]
-    return -logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    return nll(torch.log_softmax(logits.float(), dim=-1), labels)
+
+
+def soft_nll(logp: Tensor, p_t: Tensor) -> Tensor:
+    """``-Σ_v p_t(v) log p_d(v)`` per slot from draft log-probabilities and target probabilities."""
+    return -(p_t * logp).sum(dim=-1)
 
 
 def soft_cross_entropy(logits: Tensor, target_logits: Tensor) -> Tensor:
     """``-Σ_v p_t(v) log p_d(v)`` per slot (Eagle3): ``[..., V]`` → ``[...]``."""
-    logp = torch.log_softmax(logits.float(), dim=-1)  # [..., V]
-    p_t = torch.softmax(target_logits.float(), dim=-1)  # [..., V]
-    return -(p_t * logp).sum(dim=-1)
+    return soft_nll(torch.log_softmax(logits.float(), dim=-1), torch.softmax(target_logits.float(), dim=-1))
 
 
 def l1_distance(p_d: Tensor, p_t: Tensor) -> Tensor:
@@ -113,7 +122,7 @@ def l1_distance(p_d: Tensor, p_t: Tensor) -> Tensor:
 
 def soft_acceptance_label(p_d: Tensor, p_t: Tensor) -> Tensor:
     """``c* = 1 - ½‖p_d - p_t‖₁``, the acceptance probability of a draft (Eq. 8), detached."""
-    return (1.0 - 0.5 * l1_distance(p_d, p_t)).detach()
+    return acceptance_probability(p_t.float(), p_d.float()).detach()
 
 
 def binary_cross_entropy(confidence: Tensor, label: Tensor) -> Tensor:
@@ -154,8 +163,12 @@ class LossOutput:
 
 def draft_metrics(p_d: Tensor, p_t: Tensor, valid: Tensor, confidences: Tensor | None = None) -> DraftMetrics:
     """Per-position expected acceptance, expected τ and confidence bias (SPEC §6)."""
+    return acceptance_metrics(soft_acceptance_label(p_d, p_t), valid, confidences)
+
+
+def acceptance_metrics(accept: Tensor, valid: Tensor, confidences: Tensor | None = None) -> DraftMetrics:
+    """:class:`DraftMetrics` from the per-slot acceptance probabilities ``accept [B, A, K]``."""
     with torch.no_grad():
-        accept = soft_acceptance_label(p_d, p_t)  # [B, A, K]
         v = valid.float()
         count = v.flatten(0, -2).sum(0)  # [K]
         per_pos = (accept * v).flatten(0, -2).sum(0) / count.clamp_min(1.0)  # [K]
@@ -169,40 +182,81 @@ def draft_metrics(p_d: Tensor, p_t: Tensor, valid: Tensor, confidences: Tensor |
     return DraftMetrics(acceptance=per_pos, expected_tau=tau, confidence_bias=bias)
 
 
-def compute_loss(out: TrainOutput, objective: ObjectiveConfig) -> LossOutput:
+def compute_loss(
+    out: TrainOutput, objective: ObjectiveConfig, *, budget_bytes: int = DEFAULT_BUDGET_BYTES
+) -> LossOutput:
     """``L = ce·L_ce + tv·L_tv + conf·L_conf + soft_ce·L_soft_ce`` (paper Eq. 12).
 
     The draft distribution is ``softmax(out.logits)`` (already Markov-corrected for
     DSpark), the target distribution ``softmax(out.target_logits)``; both at
-    temperature 1.
+    temperature 1. An output given as :class:`~dspark.protocols.SlotFactors` goes through
+    the chunked path (:mod:`dspark.drafters.chunked_objective`, same values and
+    gradients) within ``budget_bytes`` of V-sized tensors; dense logits take this one.
     """
+    if out.factors is not None and not out.dense:
+        return _chunked_loss(out, objective, budget_bytes)
     B, A, K, V = out.logits.shape
     assert out.target_logits.shape == (B, A, K, V), f"{tuple(out.target_logits.shape)} != {(B, A, K, V)}"
     assert out.labels.shape == (B, A, K) and out.valid.shape == (B, A, K)
     w = position_weights(K, decay=objective.decay, geometric=objective.geometric, device=out.logits.device)
     valid = out.valid
-    p_d = torch.softmax(out.logits.float(), dim=-1)  # [B, A, K, V]
+    # One log-softmax serves every term: p_d = exp(log p_d) (one pass over [B, A, K, V] fewer).
+    logp_d = torch.log_softmax(out.logits.float(), dim=-1)  # [B, A, K, V]
+    p_d = logp_d.exp()  # [B, A, K, V]
     p_t = torch.softmax(out.target_logits.float(), dim=-1).detach()  # [B, A, K, V]
 
     loss = out.logits.new_zeros((), dtype=torch.float32)
     terms: dict[str, Tensor | None] = dict(ce=None, tv=None, conf=None, soft_ce=None)
     if objective.ce > 0:
-        terms["ce"] = weighted_mean(cross_entropy(out.logits, out.labels), valid, w)
+        terms["ce"] = weighted_mean(nll(logp_d, out.labels), valid, w)
         loss = loss + objective.ce * terms["ce"]
+    # ‖p_d - p_t‖₁ once per slot: the TV term (with grad), the soft label and the metrics.
+    with torch.set_grad_enabled(torch.is_grad_enabled() and objective.tv > 0):
+        l1 = l1_distance(p_d, p_t)  # [B, A, K]
+    accept = (1.0 - 0.5 * l1).detach()  # [B, A, K]: c* (Eq. 8)
     if objective.tv > 0:
-        terms["tv"] = weighted_mean(l1_distance(p_d, p_t), valid, w)
+        terms["tv"] = weighted_mean(l1, valid, w)
         loss = loss + objective.tv * terms["tv"]
     if objective.soft_ce > 0:
-        terms["soft_ce"] = weighted_mean(soft_cross_entropy(out.logits, out.target_logits), valid, w)
+        terms["soft_ce"] = weighted_mean(soft_nll(logp_d, p_t), valid, w)
         loss = loss + objective.soft_ce * terms["soft_ce"]
     if objective.conf > 0:
         if out.confidences is None:
             raise ValueError("the objective has a confidence term but the drafter gave no confidences")
-        label = soft_acceptance_label(p_d, p_t)  # [B, A, K], detached
-        terms["conf"] = weighted_mean(binary_cross_entropy(out.confidences, label), valid, w)
+        terms["conf"] = weighted_mean(binary_cross_entropy(out.confidences, accept), valid, w)
         loss = loss + objective.conf * terms["conf"]
     detached = {name: (t.detach() if t is not None else None) for name, t in terms.items()}
-    return LossOutput(loss=loss, **detached, metrics=draft_metrics(p_d, p_t, valid, out.confidences))
+    return LossOutput(loss=loss, **detached, metrics=acceptance_metrics(accept, valid, out.confidences))
+
+
+def _chunked_loss(out: TrainOutput, objective: ObjectiveConfig, budget_bytes: int) -> LossOutput:
+    """:func:`compute_loss` on factored logits: the logit terms chunk by chunk, the rest as above."""
+    K = out.labels.shape[-1]
+    valid = out.valid
+    w = position_weights(K, decay=objective.decay, geometric=objective.geometric, device=valid.device)
+    wv = w * valid.float()  # [B, A, K]
+    omega = wv / wv.sum().clamp_min(1e-12)  # the weights of weighted_mean
+    t = chunked_terms(
+        out.factors, out.labels, omega, ce=objective.ce, soft_ce=objective.soft_ce, tv=objective.tv,
+        budget_bytes=budget_bytes,
+    )  # fmt: skip
+    loss = t.objective
+    accept = 1.0 - 0.5 * t.l1  # [B, A, K]: c* (Eq. 8), detached
+    terms: dict[str, Tensor | None] = dict(ce=None, tv=None, conf=None, soft_ce=None)
+    for name, coef, values in (
+        ("ce", objective.ce, t.ce),
+        ("tv", objective.tv, t.l1),
+        ("soft_ce", objective.soft_ce, t.soft_ce),
+    ):  # noqa: E501
+        if coef > 0:
+            terms[name] = weighted_mean(values, valid, w).detach()
+    if objective.conf > 0:
+        if out.confidences is None:
+            raise ValueError("the objective has a confidence term but the drafter gave no confidences")
+        conf = weighted_mean(binary_cross_entropy(out.confidences, accept), valid, w)
+        loss = loss + objective.conf * conf
+        terms["conf"] = conf.detach()
+    return LossOutput(loss=loss, **terms, metrics=acceptance_metrics(accept, valid, out.confidences))
 
 
 def drafter_loss(config, out: TrainOutput) -> LossOutput:

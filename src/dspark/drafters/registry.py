@@ -8,27 +8,36 @@
   embedded tiny target (``dspark/assets/drafters/<name>``);
 - a path — a drafter folder (SPEC §5.4), loaded with full validation.
 
-The trainable methods themselves are listed in :mod:`dspark.drafters.kinds`.
+The trainable methods themselves are rows of :data:`dspark.drafters.kinds.KINDS`;
+:data:`TRAINABLE` names them without importing torch, so that the CLI can list the
+drafters in ``--help`` at once (a test pins ``TRAINABLE`` to the rows of ``KINDS``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from dspark.drafters.folder import load_drafter
-from dspark.drafters.kinds import KINDS
-from dspark.drafters.ngram import NgramDrafter
 from dspark.errors import DsparkError
-from dspark.presets.tiny import assets_dir
-from dspark.protocols import Drafter
-from dspark.targets import TargetAdapter
 
-DrafterFactory = Callable[[TargetAdapter], Drafter]
+if TYPE_CHECKING:
+    from dspark.protocols import Drafter
+    from dspark.targets import TargetAdapter
 
-_FACTORIES: dict[str, DrafterFactory] = {
-    "ngram": lambda target: NgramDrafter(target.vocab_size),
-}
+DrafterFactory = Callable[["TargetAdapter"], "Drafter"]
+
+TRAINABLE = ("dflash", "dspark", "eagle3")  # the rows of kinds.KINDS
+
+
+def _ngram(target: TargetAdapter) -> Drafter:
+    from dspark.drafters.ngram import NgramDrafter
+
+    return NgramDrafter(target.vocab_size)
+
+
+_FACTORIES: dict[str, DrafterFactory] = {"ngram": _ngram}
 
 
 def register(name: str, factory: DrafterFactory) -> None:
@@ -37,20 +46,24 @@ def register(name: str, factory: DrafterFactory) -> None:
 
 
 def shipped_drafter_dir(method: str) -> Path:
-    return assets_dir() / "drafters" / method
+    """Where the drafter of ``method`` shipped for the embedded tiny target lies (package data)."""
+    return Path(str(resources.files("dspark") / "assets" / "drafters" / method))
 
 
 def available() -> list[str]:
-    return ["none", *sorted(_FACTORIES), *sorted(KINDS)]
+    """Every name :func:`build_drafter` takes besides a folder: none, training-free, trainable."""
+    return ["none", *sorted(_FACTORIES), *sorted(TRAINABLE)]
 
 
 def build_drafter(spec: str | None, target: TargetAdapter) -> Drafter | None:
     """The drafter named by ``spec`` for ``target`` (see the module docstring)."""
+    from dspark.drafters.folder import load_drafter
+
     if spec in (None, "", "none"):
         return None
     if spec in _FACTORIES:
         return _FACTORIES[spec](target)
-    if spec in KINDS:
+    if spec in TRAINABLE:
         folder = shipped_drafter_dir(spec)
         if not (folder / "config.json").is_file():
             raise DsparkError(f"no shipped {spec} drafter at {folder}; train one with `dspark train`")

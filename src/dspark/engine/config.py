@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from dspark.protocols import acceptance_length
 from dspark.scheduler import parse_policy
 
 # Slots are preallocated at full length: a model's whole context (40k tokens for Qwen3)
@@ -58,4 +59,4 @@ class EngineStats:
     @property
     def tau(self) -> float:
         """Acceptance length τ over all rounds, bonus included (SPEC §2)."""
-        return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
+        return acceptance_length(self.accepted, self.rounds)

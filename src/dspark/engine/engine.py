@@ -12,7 +12,7 @@ One :meth:`Engine.step`:
 4. **schedule**: the policy turns confidences (the drafter's, or the online estimator's)
    into per-request verification lengths ``ℓ_r`` (``scheduler/policies.py``);
 5. **one target forward** over the flattened runs — each decoding request's anchor and
-   ``ℓ_r`` drafts, each prefill chunk (``targets/paged.py``);
+   ``ℓ_r`` drafts, each prefill chunk (``targets/flat.py``);
 6. **verify** by rejection sampling (``sampling/rejection.py``), per-request RNGs;
 7. **commit / roll back** each request's KV to anchor + accepted drafts, cut at EOS /
    ``max_tokens`` / stop strings (``decoding/stopping.py``), stream the tokens, free the
@@ -40,7 +40,7 @@ from dspark.decoding.stopping import cut_round
 from dspark.engine.config import DEFAULT_MAX_SEQ_LEN, EngineConfig, EngineStats
 from dspark.engine.kv import KVMemory
 from dspark.engine.profile import load_or_profile
-from dspark.engine.requests import OnTokens, Request, TokenEvent
+from dspark.engine.requests import OnTokens, Request, RequestFailedError, TokenEvent
 from dspark.errors import DsparkError, PromptTooLongError
 from dspark.protocols import DraftBlock, Drafter, GenerationResult, RoundLog, SamplingParams, SequenceState
 from dspark.sampling import batch_probs, verify
@@ -53,9 +53,10 @@ from dspark.scheduler import (
     parse_policy,
     peak_features,
     schedule,
+    stale_history,
 )
 from dspark.targets import TargetAdapter
-from dspark.targets.paged import KVStore, Run, flat_forward
+from dspark.targets.flat import KVStore, Run, flat_forward
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +96,9 @@ class Engine:
         self.decode = decode
         self.estimator = ConfidenceEstimator(max(config.block_size, 1))
         self.stats = EngineStats()
-        self._needs_features = drafter is not None and len(drafter.target_layer_ids) > 0
+        # The drafter's feature layers go to every forward as an argument (checked to exist here).
+        self._layer_ids = target.feature_layers(drafter.target_layer_ids) if drafter is not None else ()
+        self._needs_features = len(self._layer_ids) > 0
         self._queue: deque[Request] = deque()
         self._active: list[Request] = []  # requests holding a KV slot, in admission order
         self._finished: dict[int, Request] = {}
@@ -167,7 +170,11 @@ class Engine:
         ids = [self.submit(p, sp) for p, sp in zip(prompts, params, strict=True)]
         while self.has_work():
             self.step()
-        return [self.pop_result(i) for i in ids]
+        results = [self.pop_result(i) for i in ids]
+        failed = next((r for r in results if r.finish_reason == "error"), None)
+        if failed is not None:
+            raise RequestFailedError(failed.error)
+        return results
 
     # -- one step -----------------------------------------------------------------------
 
@@ -184,6 +191,11 @@ class Engine:
         if not decoding and not prefill:
             return []
         block, drafting = self._draft(decoding)
+        failed = [TokenEvent(r.id, [], "error") for r in decoding if r.finish_reason == "error"]
+        if failed:
+            decoding = [r for r in decoding if r.finish_reason is None]
+            if not decoding and not prefill:
+                return failed
         lengths = self._schedule(decoding, block, drafting, sum(n for _, n in prefill))
 
         runs, ids, offsets = [], [], []
@@ -205,7 +217,10 @@ class Engine:
             runs,
             logits_at=torch.arange(num_decode_rows),
             with_features=self._needs_features,
+            layer_ids=self._layer_ids,
         )
+        # A drafter fed other layers than it reads would silently lose its acceptance.
+        assert not self._needs_features or out.layer_ids == self._layer_ids, (out.layer_ids, self._layer_ids)
         self.stats.forward_s += time.perf_counter() - forward_started
 
         prefill_offset = num_decode_rows
@@ -214,7 +229,7 @@ class Engine:
                 req.state.features = req.features.append(out.features[prefill_offset : prefill_offset + n])
             self.kv.set_length(req.id, self.kv.length(req.id) + n)
             prefill_offset += n
-        events = self._verify_and_commit(decoding, block, drafting, lengths, out, offsets)
+        events = failed + self._verify_and_commit(decoding, block, drafting, lengths, out, offsets)
 
         self._step_index += 1
         s = self.stats
@@ -285,8 +300,31 @@ class Engine:
         per_request = elapsed / len(chosen)
         prev = self._draft_s_per_request
         self._draft_s_per_request = per_request if prev is None else 0.9 * prev + 0.1 * per_request
+        block, chosen = self._drop_non_finite(block, chosen)
         self.stats.drafted += int(block.lengths.sum())
         return block, {r.id: i for i, r in enumerate(chosen)}
+
+    def _drop_non_finite(self, block: DraftBlock, chosen: list[Request]) -> tuple[DraftBlock, list[Request]]:
+        """Fail the requests whose drafts are not distributions (a corrupt drafter: NaN/inf).
+
+        Sampling from them is undefined, and their confidences would poison the shared
+        estimator; every other request of the batch goes on.
+        """
+        bad = block.invalid_rows()  # [R]
+        if not bool(bad.any()):
+            return block, chosen
+        for req in (r for r, b in zip(chosen, bad.tolist()) if b):
+            logger.warning("request %d: the drafter produced non-finite probabilities; failing it", req.id)
+            req.error = (
+                "the drafter produced non-finite probabilities for this request (corrupt drafter weights?); "
+                "the request was stopped"
+            )
+            self._finish(req, "error", None)
+        keep = torch.nonzero(~bad).squeeze(-1)  # [R'] rows that stay
+        rows = keep.to(block.tokens.device)
+        pick = lambda t: None if t is None else t[rows.to(t.device)]  # noqa: E731
+        kept = DraftBlock(pick(block.tokens), pick(block.lengths), pick(block.probs), pick(block.confidences))
+        return kept, [chosen[i] for i in keep.tolist()]
 
     def _schedule(
         self, decoding: list[Request], block: DraftBlock, drafting: dict[int, int], base_tokens: int
@@ -312,11 +350,10 @@ class Engine:
             if req.id in drafting:
                 req.confidence_history.append((step, confidences[i].clone()))
         stale = stale_caps = None
-        if self.policy.kind == "prefix-async":
+        if self.policy.rule.reads_history:
             prior = self.estimator.position_rates()[:K].double()
-            stale = torch.stack(
-                [_fit(r.stale_confidences(step, self.policy.lag), prior, K) for r in decoding]
-            )  # [R, K], nothing from this step
+            histories = [r.confidence_history for r in decoding]
+            stale = stale_history(histories, step, self.policy.lag, prior, K)  # [R, K], none from now
             stale_caps = torch.where(has, budget, 0)  # known before drafting
         return schedule(
             self.policy,
@@ -429,12 +466,3 @@ class Engine:
         if req in self._active:
             self._active.remove(req)
         self._finished[req.id] = req
-
-
-def _fit(row: Tensor | None, prior: Tensor, K: int) -> Tensor:
-    """A stale confidence row resized to K positions; missing positions come from the prior."""
-    out = prior[:K].clone()
-    if row is not None:
-        n = min(K, row.shape[0])
-        out[:n] = row[:n]
-    return out

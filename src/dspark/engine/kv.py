@@ -5,7 +5,7 @@ a request holds one slot from admission to completion, and requests beyond the s
 wait in the engine's queue. Occupied slots are kept dense (``0 .. n-1``): when a request
 leaves, the highest occupied slot moves into the hole (one copy of that request's
 cached tokens), so a step's decode runs span a short contiguous slot range and
-attention reads them through a view (``targets/paged.py``).
+attention reads them through a view (``targets/flat.py``).
 
 Rollback is a length: the positions past ``length`` hold rejected drafts' keys/values,
 which the causal mask never lets a later query read before they are overwritten.
@@ -13,7 +13,7 @@ which the causal mask never lets a later query read before they are overwritten.
 
 from __future__ import annotations
 
-from dspark.targets.paged import KVStore
+from dspark.targets.flat import KVStore
 
 
 class KVMemory:

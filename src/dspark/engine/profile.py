@@ -1,7 +1,7 @@
 """Profiling SPS(B) of a target with the engine's own batched forward (SPEC §9).
 
 The scheduler's cost table must describe the forward the engine really runs, so a step
-of B tokens here is a :func:`~dspark.targets.paged.flat_forward` of ``min(B, slots)``
+of B tokens here is a :func:`~dspark.targets.flat.flat_forward` of ``min(B, slots)``
 requests with ``context`` tokens cached each, the B tokens spread as evenly as possible
 over them (B <= slots: pure decode; beyond: verification runs), logits at every token.
 The table is saved per target, dtype, device, thread count and engine shape, and loaded
@@ -19,7 +19,7 @@ import torch
 
 from dspark.scheduler import SpsTable, default_sizes, measure_sps
 from dspark.targets import TargetAdapter
-from dspark.targets.paged import KVStore, Run, flat_forward
+from dspark.targets.flat import KVStore, Run, flat_forward
 
 logger = logging.getLogger(__name__)
 

@@ -15,10 +15,15 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from dspark.errors import DsparkError
 from dspark.protocols import GenerationResult, RoundLog, SamplingParams, SequenceState
 from dspark.scheduler import FirstAcceptPredictor
 
 OnTokens = Callable[[list[int]], None]
+
+
+class RequestFailedError(DsparkError):
+    """One request failed inside the engine (e.g. its drafts were not finite); the engine serves on."""
 
 
 @dataclass(frozen=True)
@@ -27,7 +32,7 @@ class TokenEvent:
 
     request_id: int
     tokens: list[int]
-    finish_reason: str | None = None  # "stop" | "length" | "cancelled"
+    finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "error"
 
 
 class FeatureBuffer:
@@ -73,6 +78,7 @@ class Request:
     confidence_history: deque = field(default_factory=lambda: deque(maxlen=4))
     finish_reason: str | None = None
     text: str | None = None
+    error: str | None = None  # why the engine failed it (finish_reason "error")
     submitted_at: float = field(default_factory=time.perf_counter)
     finished_at: float | None = None
 
@@ -85,13 +91,6 @@ class Request:
         """Most drafts worth verifying: a round emits at most drafts + 1 tokens."""
         return self.max_new - len(self.generated) - 1
 
-    def stale_confidences(self, step: int, lag: int) -> Tensor | None:
-        """The newest confidences recorded at least ``lag`` steps before ``step``."""
-        for recorded_at, conf in reversed(self.confidence_history):
-            if recorded_at <= step - lag:
-                return conf
-        return None
-
     def result(self) -> GenerationResult:
         assert self.finish_reason is not None, f"request {self.id} is not finished"
         return GenerationResult(
@@ -99,5 +98,6 @@ class Request:
             text=self.text or "",
             finish_reason=self.finish_reason,
             rounds=list(self.rounds),
+            error=self.error,
             seconds=(self.finished_at or time.perf_counter()) - self.submitted_at,
         )

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from dspark.engine.engine import Engine
+from dspark.engine.requests import RequestFailedError
 from dspark.protocols import GenerationResult, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -175,7 +176,10 @@ class EngineWorker:
             del self._sinks[event.request_id]
             result = self.engine.pop_result(event.request_id)
             self._finished(result)
-            sink.put("done", result)
+            if event.finish_reason == "error":  # this request alone failed; the loop serves on
+                sink.put("error", RequestFailedError(result.error or "the engine failed this request"))
+            else:
+                sink.put("done", result)
 
     def _finished(self, result: GenerationResult) -> None:
         if self.on_finish is not None:

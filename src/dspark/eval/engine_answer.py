@@ -31,6 +31,7 @@ class _ConfidenceTap:
     def __init__(self, drafter: Drafter) -> None:
         self.drafter = drafter
         self.target_layer_ids = drafter.target_layer_ids
+        self.block_size = drafter.block_size
         self.confidences: list[torch.Tensor | None] = []
 
     def propose(

@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from dspark.protocols import acceptance_length
+
 
 class Round(Protocol):
     """What the metrics read of a round (:class:`dspark.protocols.RoundLog` has it)."""
@@ -36,9 +38,7 @@ class Round(Protocol):
 
 def tau(rounds: Sequence[Round]) -> float:
     """Acceptance length τ: mean ``accepted + 1`` over rounds (0.0 for no rounds)."""
-    if not rounds:
-        return 0.0
-    return sum(r.accepted + 1 for r in rounds) / len(rounds)
+    return acceptance_length(sum(r.accepted for r in rounds), len(rounds))
 
 
 def tokens_per_round_histogram(rounds: Sequence[Round], block_size: int) -> list[int]:

@@ -59,7 +59,11 @@ def sequential_head_overhead(
     params = [SamplingParams(temperature=temperature)] * len(prompts)
     states = []
     for r, ids in enumerate(prompts):
-        out = target.forward(torch.tensor([ids[:-1]], device=target.device), target.new_cache())
+        out = target.forward(
+            torch.tensor([ids[:-1]], device=target.device),
+            target.new_cache(),
+            layer_ids=drafter.target_layer_ids,
+        )
         states.append(SequenceState(r, list(ids), len(ids), features=out.features[0]))
     drafter.prepare(states, params)
     K, R = drafter.block_size, len(states)
@@ -93,7 +97,7 @@ def sequential_head_overhead(
         for s, cache in zip(states, caches):
             length = cache.length
             ids = torch.cat([torch.tensor([[s.token_ids[-1]]]), block], dim=1)
-            target.forward(ids, cache, with_features=True)
+            target.forward(ids, cache, with_features=True, layer_ids=drafter.target_layer_ids)
             target.rollback(cache, length)
 
     return RoundTimes(

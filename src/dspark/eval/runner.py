@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from dspark.calibration.collect import ConfidenceRounds
 from dspark.calibration.threshold import ThresholdSweep, threshold_sweep
+from dspark.data.chat import chat_prompt_ids, first_turn_messages
 from dspark.data.prompts import Prompt
 from dspark.errors import DsparkError
 from dspark.eval.benchmarks import Benchmark
@@ -38,7 +39,6 @@ from dspark.targets import TargetAdapter
 log = logging.getLogger(__name__)
 
 PLAIN = "none"  # the registry's name for plain decoding: the speedup baseline
-DEFAULT_BLOCK_SIZE = 7
 
 
 # -- configuration and results ----------------------------------------------------------------
@@ -134,32 +134,13 @@ def _seed(base: int, prompt_index: int, turn: int) -> int:
     return base * 1_000_003 + prompt_index * 64 + turn
 
 
-def _conversation_ids(target: TargetAdapter, messages: list[dict], template_kwargs: Mapping) -> list[int]:
-    encoded = target.tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=True, return_dict=True, **template_kwargs
-    )
-    return list(encoded["input_ids"])
-
-
-def _first_messages(prompt: Prompt) -> list[dict]:
-    system = [{"role": "system", "content": prompt.system}] if prompt.system else []
-    return [*system, {"role": "user", "content": prompt.turns[0]}]
-
-
 def block_size_of(drafter: Drafter | None, config: EvalConfig) -> int:
     """Drafts per round: the configured γ, else the drafter's own (0 for plain decoding)."""
     if drafter is None:
         return 0
     if config.block_size is not None:
         return config.block_size
-    return int(getattr(drafter, "block_size", DEFAULT_BLOCK_SIZE))
-
-
-def _use_feature_layers(target: TargetAdapter, drafter: Drafter | None) -> None:
-    """Drafters may read different target layers; the adapter computes the current one's."""
-    ids = tuple(getattr(drafter, "target_layer_ids", ()) or ())
-    if ids and ids != tuple(target.target_layer_ids):
-        target.target_layer_ids = ids
+    return int(drafter.block_size)
 
 
 def _answer(
@@ -173,12 +154,12 @@ def _answer(
 ) -> None:
     """Decode one prompt (all its turns with ``multi_turn``) and add the rounds to ``tally``."""
     block_size = block_size_of(drafter, config)
-    messages = _first_messages(prompt)
+    messages = first_turn_messages(prompt)
     turns = prompt.turns if config.multi_turn else prompt.turns[:1]
     for turn, text in enumerate(turns):
         if turn > 0:
             messages.append({"role": "user", "content": text})
-        ids = _conversation_ids(target, messages, config.template_kwargs)
+        ids = chat_prompt_ids(target.tokenizer, messages, config.template_kwargs)
         if len(ids) + 1 > target.max_context:
             log.warning(
                 "%s: turn %d no longer fits the context; stopping this conversation", prompt.source, turn
@@ -208,7 +189,7 @@ def fitting_prompts(
     for bench in benchmarks:
         fit = []
         for prompt in bench.prompts:
-            n = len(_conversation_ids(target, _first_messages(prompt), config.template_kwargs))
+            n = len(chat_prompt_ids(target.tokenizer, first_turn_messages(prompt), config.template_kwargs))
             if n + 1 <= target.max_context:
                 fit.append(prompt)
             elif config.strict:
@@ -311,7 +292,6 @@ def run_eval(
     # One short untimed answer per method first: lazy initialisation must not bill the first one.
     warmup = benchmarks[0].prompts[0]
     for drafter in methods.values():
-        _use_feature_layers(target, drafter)
         _answer(target, drafter, warmup, 0, config, _Tally(), max_tokens=min(8, config.max_tokens))
 
     total = sum(len(b.prompts) for b in benchmarks) * len(methods)
@@ -323,7 +303,6 @@ def run_eval(
             for i, prompt in enumerate(bench.prompts):
                 for name, drafter in methods.items():
                     bar.set_postfix_str(f"{bench.name} · {name}", refresh=False)
-                    _use_feature_layers(target, drafter)
                     _answer(target, drafter, prompt, i, config, tallies[name])
                     bar.update(1)
             plain = tallies.get(PLAIN)

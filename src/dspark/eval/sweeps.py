@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from dspark.data.samples import TrainDataset
 from dspark.drafters.folder import load_drafter
 from dspark.eval import plots
 from dspark.eval.benchmarks import Benchmark
@@ -31,7 +32,6 @@ from dspark.eval.report import md_table, write_eval_report, write_json
 from dspark.eval.runner import EvalConfig, EvalResult, run_eval
 from dspark.presets import drafters as presets
 from dspark.targets import TargetAdapter
-from dspark.training.data import TrainDataset
 from dspark.training.fresh import train_new_drafter
 from dspark.training.trainer import TrainConfig
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
+from dspark.data.chat import prompt_ids
 from dspark.data.prompts import load_prompts
 from dspark.decoding import speculative_generate
 from dspark.drafters.ngram import NgramDrafter
-from dspark.eval.decode_bench import chat_prompt_ids
 from dspark.protocols import SamplingParams
 from dspark.targets import TargetAdapter
 
@@ -85,7 +85,7 @@ def target_report(
             result = speculative_generate(
                 target,
                 drafter,
-                chat_prompt_ids(target, prompt),
+                prompt_ids(target.tokenizer, prompt),
                 params,
                 decode=lambda ids: target.tokenizer.decode(ids, skip_special_tokens=True),
             )

@@ -39,7 +39,15 @@ class MarkovHead(nn.Module):
         emb = self.embed(prev)  # [R, r]
         return self.markov_w2(emb), emb, None
 
+    def teacher_forced_factors(self, prev: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+        """All slots at once, ground-truth previous tokens ``[...]``: the bias factor u and the embedding.
+
+        The bias is ``markov_w2(u)`` (``u = W_1[x_{k-1}]``, so both are ``[..., r]`` and equal).
+        """
+        emb = self.embed(prev)  # [..., r]
+        return emb, emb
+
     def teacher_forced(self, prev: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
         """All slots at once given ground-truth previous tokens ``[B, A, K]`` → bias ``[B, A, K, V]``, emb."""
-        emb = self.embed(prev)  # [B, A, K, r]
-        return self.markov_w2(emb), emb
+        u, emb = self.teacher_forced_factors(prev, h)
+        return self.markov_w2(u), emb

@@ -43,31 +43,42 @@ class RNNHead(nn.Module):
         """``s_0 = 0``: ``[R, r]``."""
         return like.new_zeros(R, self.rank)
 
-    def step(self, prev: Tensor, h: Tensor, state: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """prev ``[N]``, h ``[N, H]``, s_{k-1} ``[N, r]`` → bias ``[N, V]``, emb, s_k ``[N, r]``."""
+    def _transition(self, prev: Tensor, h: Tensor, state: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """prev ``[N]``, h ``[N, H]``, s_{k-1} ``[N, r]`` → bias factor ``tanh(o) [N, r]``, emb, s_k."""
         emb = self.embed(prev)  # [N, r]
         z = torch.cat([state, emb, h.to(emb.dtype)], dim=-1)  # [N, 2r+H]
         g, c, o = self.joint_proj(z).chunk(3, dim=-1)  # 3 x [N, r]
         gate = torch.sigmoid(g)
         new_state = gate * state + (1.0 - gate) * torch.tanh(c)
-        return self.markov_w2(torch.tanh(o)), emb, new_state
+        return torch.tanh(o), emb, new_state
 
-    def teacher_forced(self, prev: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+    def step(self, prev: Tensor, h: Tensor, state: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """prev ``[N]``, h ``[N, H]``, s_{k-1} ``[N, r]`` → bias ``[N, V]``, emb, s_k ``[N, r]``."""
+        u, emb, new_state = self._transition(prev, h, state)
+        return self.markov_w2(u), emb, new_state
+
+    def teacher_forced_factors(self, prev: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
         """Run the recurrence over K slots with ground-truth previous tokens.
 
-        prev ``[B, A, K]``, h ``[B, A, K, H]`` → bias ``[B, A, K, V]``, emb ``[B, A, K, r]``.
+        prev ``[B, A, K]``, h ``[B, A, K, H]`` → the bias factors ``tanh(o_k) [B, A, K, r]``
+        (bias = ``markov_w2(u)``) and the embeddings ``[B, A, K, r]``.
         """
         B, A, K = prev.shape
         flat_prev = prev.reshape(B * A, K)  # [N, K]
         flat_h = h.reshape(B * A, K, -1)  # [N, K, H]
         state = self.initial_state(B * A, self.markov_w1.weight)
-        biases, embs = [], []
+        factors, embs = [], []
         for k in range(K):
-            bias, emb, state = self.step(flat_prev[:, k], flat_h[:, k], state)
-            biases.append(bias)
+            u, emb, state = self._transition(flat_prev[:, k], flat_h[:, k], state)
+            factors.append(u)
             embs.append(emb)
-        bias = torch.stack(biases, dim=1).view(B, A, K, -1)  # [B, A, K, V]
-        return bias, torch.stack(embs, dim=1).view(B, A, K, self.rank)
+        u = torch.stack(factors, dim=1).view(B, A, K, self.rank)
+        return u, torch.stack(embs, dim=1).view(B, A, K, self.rank)
+
+    def teacher_forced(self, prev: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+        """prev ``[B, A, K]``, h ``[B, A, K, H]`` → bias ``[B, A, K, V]``, emb ``[B, A, K, r]``."""
+        u, emb = self.teacher_forced_factors(prev, h)
+        return self.markov_w2(u), emb
 
 
 LEGACY_PROJ, PROJ = "markov_head.rnn_proj.weight", "markov_head.joint_proj"

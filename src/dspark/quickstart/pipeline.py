@@ -81,7 +81,6 @@ class Quickstart:
         self.progress = progress
         self.stages = Stages(out, announce=announce)
         self.target = TargetAdapter.from_pretrained(str(tiny_target_dir()))
-        self.default_layers = tuple(self.target.target_layer_ids)
         self.target_id = _sha256(tiny_target_dir() / "model.safetensors")
 
     # -- 1. data ------------------------------------------------------------------------------
@@ -145,13 +144,12 @@ class Quickstart:
         def run() -> dict[str, Any]:
             import dataclasses
 
+            from dspark.data.samples import read_jsonl, tokenize_records
             from dspark.presets import drafters as presets
-            from dspark.training.data import read_jsonl, tokenize_records
             from dspark.training.fresh import train_new_drafter
             from dspark.training.trainer import TrainConfig
 
             config = dataclasses.replace(getattr(presets, f"{method}_tiny")(), block_size=p.block_size)
-            self.target.target_layer_ids = self.default_layers
             samples = tokenize_records(
                 read_jsonl(self.out / data["answers"]), self.target.tokenizer, max_length=p.max_length
             )
@@ -216,7 +214,7 @@ class Quickstart:
         saved = self.out / "drafters" / CALIBRATED
 
         def run() -> dict[str, Any]:
-            from dspark.calibration.commands import calibrate_drafter
+            from dspark.eval.calibrate import calibrate_drafter
 
             benches = self._builtin(skip=p.eval_prompts, count=p.calib_prompts)
             summary = calibrate_drafter(
@@ -303,7 +301,7 @@ class Quickstart:
 
         def run() -> dict[str, Any]:
             from dspark.drafters.folder import load_drafter
-            from dspark.server.bench import bench_serve, plot_load
+            from dspark.server.load import bench_serve, plot_load
 
             drafter = load_drafter(self.out / dspark["drafter"], self.target)
             sets = [[pr.turns[0] for pr in b.prompts] for b in self._builtin(skip=0, count=40)]

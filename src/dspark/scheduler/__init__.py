@@ -12,13 +12,17 @@ from dspark.scheduler.confidence_estimator import (
 )
 from dspark.scheduler.drafting import drafting_pays, marginal_token_s
 from dspark.scheduler.policies import (
+    POLICIES,
     Policy,
+    PolicyRule,
+    StepInputs,
     fixed_lengths,
     global_search,
     parse_policy,
     prefix_async_lengths,
     prefix_lengths,
     schedule,
+    stale_history,
     survival,
     threshold_lengths,
 )
@@ -28,7 +32,10 @@ __all__ = [
     "ConfidenceEstimator",
     "EstimatorConfig",
     "FirstAcceptPredictor",
+    "POLICIES",
     "Policy",
+    "PolicyRule",
+    "StepInputs",
     "SpsTable",
     "default_sizes",
     "drafting_pays",
@@ -41,6 +48,7 @@ __all__ = [
     "prefix_async_lengths",
     "prefix_lengths",
     "schedule",
+    "stale_history",
     "survival",
     "threshold_lengths",
 ]

@@ -31,14 +31,13 @@ Per-request caps must be known before the drafts are (block size, remaining
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from dspark.scheduler.profile import SpsTable
-
-POLICY_KINDS = ("fixed", "threshold", "prefix", "prefix-async")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,8 +50,8 @@ class Policy:
     lag: int = 2  # prefix-async: the budget uses confidences this many steps old (paper §5.2)
 
     def __post_init__(self) -> None:
-        if self.kind not in POLICY_KINDS:
-            raise ValueError(f"unknown policy {self.kind!r}; choose from {', '.join(POLICY_KINDS)}")
+        if self.kind not in POLICIES:
+            raise ValueError(f"unknown policy {self.kind!r}; choose from {', '.join(POLICIES)}")
         if self.k is not None and self.k < 0:
             raise ValueError(f"fixed:k needs k >= 0, got {self.k}")
         if self.kind == "threshold" and not (self.threshold is not None and 0.0 <= self.threshold <= 1.0):
@@ -61,18 +60,22 @@ class Policy:
             raise ValueError(f"prefix-async lag must be >= 1, got {self.lag}")
 
     @property
+    def rule(self) -> PolicyRule:
+        return POLICIES[self.kind]
+
+    @property
     def needs_confidences(self) -> bool:
-        return self.kind != "fixed"
+        return self.rule.needs_confidences
 
     @property
     def needs_sps(self) -> bool:
-        return self.kind in ("prefix", "prefix-async")
+        return self.rule.needs_sps
 
     def __str__(self) -> str:
-        if self.kind == "fixed" and self.k is not None:
-            return f"fixed:{self.k}"
-        if self.kind == "threshold":
-            return f"threshold:{self.threshold:g}"
+        if self.k is not None:
+            return f"{self.kind}:{self.k}"
+        if self.threshold is not None:
+            return f"{self.kind}:{self.threshold:g}"
         return self.kind
 
 
@@ -81,13 +84,12 @@ def parse_policy(spec: str | Policy) -> Policy:
     if isinstance(spec, Policy):
         return spec
     name, _, arg = spec.strip().partition(":")
-    try:
-        if name == "fixed":
-            return Policy(kind="fixed", k=int(arg) if arg else None)
-        if name == "threshold":
-            return Policy(kind="threshold", threshold=float(arg) if arg else None)
-    except ValueError as e:
-        raise ValueError(f"bad policy {spec!r}: {e}") from None
+    rule = POLICIES.get(name)
+    if rule is not None and rule.argument is not None:
+        try:
+            return Policy(kind=name, **rule.argument(arg))
+        except ValueError as e:
+            raise ValueError(f"bad policy {spec!r}: {e}") from None
     if arg:
         raise ValueError(f"policy {name!r} takes no argument, got {spec!r}")
     return Policy(kind=name)
@@ -193,6 +195,86 @@ def prefix_async_lengths(
     return _lengths_from(requests, positions, min(budget, requests.shape[0]), R)
 
 
+# -- the registry -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepInputs:
+    """What a policy may read besides the caps and current confidences: all known beforehand."""
+
+    sps: SpsTable | None = None
+    base_tokens: int = 0  # tokens of the same forward that are not speculation (prefill chunks)
+    stale_confidences: Tensor | None = None  # [R, K] from ``lag`` steps earlier (``reads_history``)
+    stale_caps: Tensor | None = None  # [R], independent of this step's drafts
+
+
+Lengths = Callable[[Policy, Tensor, "Tensor | None", StepInputs], Tensor]  # -> ℓ [R]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyRule:
+    """One row of :data:`POLICIES`: a policy's spelling, what it reads, and its lengths function."""
+
+    name: str
+    lengths: Lengths
+    argument: Callable[[str], dict] | None = None  # the text after ':' → Policy fields
+    needs_confidences: bool = True
+    needs_sps: bool = False
+    reads_history: bool = False  # needs confidences of earlier steps (:func:`stale_history`)
+
+
+def _optional(convert: Callable[[str], object], field: str) -> Callable[[str], dict]:
+    return lambda arg: {field: convert(arg) if arg else None}
+
+
+def _prefix_async(policy: Policy, caps: Tensor, conf: Tensor | None, x: StepInputs) -> Tensor:
+    assert x.stale_confidences is not None and x.stale_caps is not None, "prefix-async needs stale inputs"
+    stale, stale_caps = x.stale_confidences.detach().double().cpu(), x.stale_caps.long().cpu()
+    return prefix_async_lengths(conf, caps, stale, stale_caps, x.sps, base_tokens=x.base_tokens)
+
+
+POLICIES: dict[str, PolicyRule] = {
+    rule.name: rule
+    for rule in (
+        PolicyRule(
+            name="fixed",
+            lengths=lambda p, caps, conf, x: fixed_lengths(caps, p.k),
+            argument=_optional(int, "k"),
+            needs_confidences=False,
+        ),
+        PolicyRule(
+            name="threshold",
+            lengths=lambda p, caps, conf, x: threshold_lengths(conf, caps, p.threshold),
+            argument=_optional(float, "threshold"),
+        ),
+        PolicyRule(
+            name="prefix",
+            lengths=lambda p, caps, conf, x: prefix_lengths(conf, caps, x.sps, base_tokens=x.base_tokens),
+            needs_sps=True,
+        ),
+        PolicyRule(name="prefix-async", lengths=_prefix_async, needs_sps=True, reads_history=True),
+    )
+}
+POLICY_KINDS = tuple(POLICIES)
+
+
+def stale_history(
+    histories: Sequence[Sequence[tuple[int, Tensor]]], step: int, lag: int, prior: Tensor, K: int
+) -> Tensor:
+    """``[R, K]``: per request, its newest confidences recorded at least ``lag`` steps before
+    ``step`` (paper §5.2), resized to K positions; missing positions (and requests newer
+    than the lag) take ``prior [>= K]``. Nothing from ``step`` itself can enter."""
+    rows = []
+    for history in histories:
+        row = prior[:K].clone()
+        conf = next((c for recorded_at, c in reversed(history) if recorded_at <= step - lag), None)
+        if conf is not None:
+            n = min(K, conf.shape[0])
+            row[:n] = conf[:n]
+        rows.append(row)
+    return torch.stack(rows) if rows else prior.new_zeros(0, K)
+
+
 def schedule(
     policy: Policy,
     caps: Tensor,
@@ -206,21 +288,13 @@ def schedule(
     """Verification lengths ``[R]`` under ``policy``; see the module docstring for the inputs."""
     R = caps.shape[0]
     caps = caps.long().cpu()
-    if R == 0 or policy.kind == "fixed":
-        return fixed_lengths(caps, policy.k)
+    rule = policy.rule
+    inputs = StepInputs(
+        sps=sps, base_tokens=base_tokens, stale_confidences=stale_confidences, stale_caps=stale_caps
+    )
+    if R == 0 or not rule.needs_confidences:
+        return rule.lengths(policy, caps, None, inputs) if R else caps.clone()
     assert confidences is not None and confidences.shape[0] == R, "this policy needs confidences [R, K]"
     confidences = confidences.detach().double().cpu()
-    if policy.kind == "threshold":
-        return threshold_lengths(confidences, caps, policy.threshold)
-    assert sps is not None, f"policy {policy} needs an SPS table"
-    if policy.kind == "prefix":
-        return prefix_lengths(confidences, caps, sps, base_tokens=base_tokens)
-    assert stale_confidences is not None and stale_caps is not None, "prefix-async needs stale confidences"
-    return prefix_async_lengths(
-        confidences,
-        caps,
-        stale_confidences.detach().double().cpu(),
-        stale_caps.long().cpu(),
-        sps,
-        base_tokens=base_tokens,
-    )
+    assert sps is not None or not rule.needs_sps, f"policy {policy} needs an SPS table"
+    return rule.lengths(policy, caps, confidences, inputs)

@@ -5,13 +5,15 @@
 request is one engine request, batched with whatever else is running (continuous
 batching). A request's path through the app:
 
-1. API key (every route but ``/health``) → 401;
+1. API key (every route but ``/health``) → 401; body size (:mod:`dspark.server.limits`) → 413;
 2. schema validation (:mod:`dspark.server.schemas`) → 400;
 3. engine alive and not draining → 503; model name → 404;
-4. tokenize and check against the context (:mod:`dspark.server.prepare`) → 400;
+4. tokenize and check against the context (:mod:`dspark.server.prepare`) → 400, on a
+   thread pool with a time limit (→ 503), never on the event loop;
 5. admission: at most ``max_batch + max_queue`` requests in the engine → 429;
 6. generate; a client that disconnects cancels its engine request (its KV slot is freed
-   at the next step) and gives its place back.
+   at the next step) and gives its place back. A request the engine fails alone (a
+   drafter's non-finite probabilities) is a 500 for that request; the engine serves on.
 
 SIGTERM handling (stop accepting, finish what runs) lives with uvicorn in
 :mod:`dspark.server.commands`; the app only answers 503 once ``state.draining`` is set.
@@ -30,9 +32,17 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from dspark.engine.requests import RequestFailedError
 from dspark.engine.worker import EngineDeadError, EngineWorker
 from dspark.errors import DsparkError
 from dspark.server.errors import ApiError, error_response, install_error_handlers
+from dspark.server.limits import (
+    DEFAULT_PREPARE_TIMEOUT_S,
+    BodyLimitMiddleware,
+    Preparer,
+    default_max_body_bytes,
+    prompt_byte_limit,
+)
 from dspark.server.metrics import EngineCollector, ServerMetrics
 from dspark.server.prepare import Prepared, prepare_chat, prepare_completion
 from dspark.server.responses import DONE, EventStream, Reply, finish_reason
@@ -99,28 +109,50 @@ class ServerState:
 
 
 def create_app(
-    worker: EngineWorker, model_name: str, *, api_key: str | None = None, max_queue: int = DEFAULT_MAX_QUEUE
+    worker: EngineWorker,
+    model_name: str,
+    *,
+    api_key: str | None = None,
+    max_queue: int = DEFAULT_MAX_QUEUE,
+    max_body_bytes: int | None = None,
+    prepare_timeout_s: float = DEFAULT_PREPARE_TIMEOUT_S,
 ) -> FastAPI:
     """An OpenAI-compatible app serving ``worker``'s engine as ``model_name``.
 
     ``max_queue`` requests may wait for a KV slot beyond the engine's ``max_batch``
-    running ones; more are refused with 429. The app registers itself as the worker's
-    ``on_finish`` observer (for the speculation metrics).
+    running ones; more are refused with 429. Bodies above ``max_body_bytes`` (default:
+    room for the longest prompt that fits the context) get 413; preparing a prompt may
+    take ``prepare_timeout_s`` (:mod:`dspark.server.limits`). The app registers itself as
+    the worker's ``on_finish`` observer (for the speculation metrics).
     """
     engine = worker.engine
     tokenizer = engine.target.tokenizer
     if tokenizer is None:
         raise DsparkError("serving needs a target with a tokenizer")
+    if api_key is not None and not api_key.strip():
+        raise DsparkError("the API key is empty: it would turn authentication off; give a real key or none")
     capacity, vocab_size = engine.kv.capacity, engine.target.vocab_size
+    max_prompt_bytes = prompt_byte_limit(tokenizer, capacity)
+    preparer = Preparer(prepare_timeout_s)
     metrics = ServerMetrics(block_size=engine.config.block_size)
     admission = Admission(engine.config.max_batch + max_queue)
     metrics.watch(EngineCollector(worker, lambda: admission.count))
     worker.on_finish = metrics.observe_result
     state = ServerState(worker, model_name, admission, metrics, created=int(time.time()))
 
-    app = FastAPI(title="dspark", summary="Lossless speculative decoding, OpenAI-compatible", version="1")
+    # No /docs or /redoc: their pages load scripts from a CDN (broken offline); /openapi.json stays.
+    app = FastAPI(
+        title="dspark",
+        summary="Lossless speculative decoding, OpenAI-compatible",
+        version="1",
+        docs_url=None,
+        redoc_url=None,
+    )
     app.state.server = state
     install_error_handlers(app)
+    app.add_middleware(
+        BodyLimitMiddleware, max_bytes=max_body_bytes or default_max_body_bytes(max_prompt_bytes)
+    )
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
@@ -133,6 +165,7 @@ def create_app(
         if state.draining:
             raise ApiError(503, "the server is shutting down", headers={"Connection": "close"})
 
+    @app.head("/health", include_in_schema=False)  # load balancers probe with HEAD
     @app.get("/health", response_model=Health, responses={503: {"model": ErrorResponse}})
     async def health() -> Health:
         """200 while the engine runs; 503 once it died or the server is draining."""
@@ -156,7 +189,12 @@ def create_app(
         check_ready()
         if body.model not in (None, model_name):
             raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {model_name!r}")
-        prepared = prepare(body, tokenizer, capacity=capacity, vocab_size=vocab_size)
+        prepared = await preparer.run(
+            lambda: prepare(
+                body, tokenizer, capacity=capacity, vocab_size=vocab_size, max_prompt_bytes=max_prompt_bytes
+            )
+        )
+        check_ready()  # preparing took a while: the engine may have gone meanwhile
         release = admission.acquire()
         metrics.prompt_tokens.inc(len(prepared.prompt_ids))
         reply = Reply(model=model_name, chat=chat, prompt_tokens=len(prepared.prompt_ids))
@@ -171,6 +209,8 @@ def create_app(
             )
         except EngineDeadError as e:
             raise ApiError(503, f"the engine failed: {e}") from None
+        except RequestFailedError as e:  # the server's fault (e.g. the drafter), this request only
+            raise ApiError(500, str(e), type="server_error") from None
         except DsparkError as e:
             raise ApiError(400, str(e)) from None
         finally:
@@ -226,6 +266,8 @@ async def _events(
             yield reply.usage_chunk(len(result.token_ids))
     except EngineDeadError as e:
         yield Reply.error_event(f"the engine failed: {e}", "service_unavailable")
+    except RequestFailedError as e:
+        yield Reply.error_event(str(e), "server_error")
     except DsparkError as e:
         yield Reply.error_event(str(e), "invalid_request_error")
     yield DONE

@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from dspark.protocols import GenerationResult
+from dspark.protocols import GenerationResult, acceptance_length
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
@@ -106,7 +106,7 @@ class ServerMetrics:
 
     def _tau(self) -> float:
         rounds, accepted = self._counts
-        return (accepted + rounds) / rounds if rounds else 0.0
+        return acceptance_length(accepted, rounds)
 
     def watch(self, collector: Collector) -> None:
         self.registry.register(collector)

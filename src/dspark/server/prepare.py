@@ -3,7 +3,9 @@
 Everything here is checked before a request takes a place in the queue, so a request
 the engine cannot serve is a 4xx at once: a prompt that leaves no room for one new
 token in the engine's context, token ids outside the vocabulary, a chat template that
-fails on the given messages or ``chat_template_kwargs``.
+fails on the given messages or ``chat_template_kwargs``. Limits that keep one request
+from stalling the server (prompt bytes, template-controlling kwargs) are in
+:mod:`dspark.server.limits`.
 
 Values the schema allows but the sampler cannot compute with are mapped to their
 limits rather than refused (one bad request would otherwise kill the engine step for
@@ -16,10 +18,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dspark.data.regenerate import chat_prompt_ids
+from dspark.data.chat import chat_prompt_ids
 from dspark.errors import DsparkError
 from dspark.protocols import SamplingParams
 from dspark.server.errors import ApiError
+from dspark.server.limits import template_variables
 from dspark.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingRequest
 
 GREEDY_BELOW = 1e-5
@@ -60,8 +63,25 @@ def check_fits(prompt_ids: list[int], capacity: int) -> None:
         )
 
 
-def prepare_completion(req: CompletionRequest, tokenizer, *, capacity: int, vocab_size: int) -> Prepared:
+def check_prompt_bytes(num_bytes: int, max_prompt_bytes: int | None, capacity: int) -> None:
+    """Refuse, before tokenizing, a prompt too long in bytes to fit the context in any tokenization."""
+    if max_prompt_bytes is not None and num_bytes > max_prompt_bytes:
+        raise ApiError(
+            400,
+            f"the prompt has {num_bytes} bytes: more than fit this model's context of {capacity} tokens "
+            f"(at most {max_prompt_bytes} bytes)",
+        )
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def prepare_completion(
+    req: CompletionRequest, tokenizer, *, capacity: int, vocab_size: int, max_prompt_bytes: int | None = None
+) -> Prepared:
     if isinstance(req.prompt, str):
+        check_prompt_bytes(_utf8_len(req.prompt), max_prompt_bytes, capacity)
         try:
             ids = list(tokenizer(req.prompt)["input_ids"])
         except Exception as e:  # e.g. unpaired surrogates the tokenizer cannot encode
@@ -75,11 +95,23 @@ def prepare_completion(req: CompletionRequest, tokenizer, *, capacity: int, voca
     return Prepared(ids, sampling_params(req, prompt_len=len(ids), capacity=capacity, vocab_size=vocab_size))
 
 
-def prepare_chat(req: ChatCompletionRequest, tokenizer, *, capacity: int, vocab_size: int) -> Prepared:
-    """The conversation through the target's chat template, exactly as regeneration renders it."""
-    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+def prepare_chat(
+    req: ChatCompletionRequest,
+    tokenizer,
+    *,
+    capacity: int,
+    vocab_size: int,
+    max_prompt_bytes: int | None = None,
+) -> Prepared:
+    """The conversation through the target's chat template, exactly as regeneration renders it.
+
+    ``chat_template_kwargs`` reach the template as variables only (:func:`template_variables`).
+    """
+    messages = [{"role": m.template_role, "content": m.text()} for m in req.messages]
+    check_prompt_bytes(sum(_utf8_len(m["content"]) for m in messages), max_prompt_bytes, capacity)
+    variables = template_variables(req.chat_template_kwargs)
     try:
-        ids = chat_prompt_ids(tokenizer, messages, req.chat_template_kwargs or {})
+        ids = chat_prompt_ids(tokenizer, messages, variables)
     except DsparkError as e:  # no chat template
         raise ApiError(400, str(e)) from None
     except Exception as e:  # the template (Jinja) or its kwargs failed on this input

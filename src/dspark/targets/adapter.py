@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,14 +57,12 @@ def default_layer_ids(num_layers: int) -> tuple[int, ...]:
 
 
 def validate_layer_ids(layer_ids, num_layers: int) -> tuple[int, ...]:
-    """Check feature layer ids: non-empty, distinct, in ``[-1, num_layers - 2]``.
+    """Check feature layer ids: distinct, in ``[-1, num_layers - 2]`` (``()``: no features).
 
     Any order loads (a folder says which layers it fuses, in its order); new drafters
     get ascending ids (:func:`parse_layer_ids`), the order the engines concatenate in.
     """
     ids = tuple(int(i) for i in layer_ids)
-    if not ids:
-        raise ValueError("target_layer_ids is empty: a feature-conditioned drafter reads at least one layer")
     bad = [i for i in ids if not EMBEDDING_LAYER_ID <= i <= num_layers - 2]
     if bad:
         raise ValueError(
@@ -79,6 +78,8 @@ def check_new_layer_ids(layer_ids, num_layers: int) -> tuple[int, ...]:
     """Layer ids for a new drafter: :func:`validate_layer_ids`, and ascending (the order
     vLLM and SGLang concatenate the target's layers in). Raises ``ValueError``."""
     ids = validate_layer_ids(layer_ids, num_layers)
+    if not ids:
+        raise ValueError("target_layer_ids is empty: a feature-conditioned drafter reads at least one layer")
     if list(ids) != sorted(ids):
         raise ValueError(f"target_layer_ids must be ascending, got {list(ids)}")
     return ids
@@ -103,8 +104,9 @@ class TargetOutput:
     """What one target forward over T new tokens returns."""
 
     logits: Tensor  # [B, T, V] fp32, softcapped where the family does it
-    features: Tensor | None  # [B, T, L, H] raw outputs of target_layer_ids; None if not asked or L = 0
+    features: Tensor | None  # [B, T, L, H] raw outputs of layer_ids; None if not asked or L = 0
     hidden: Tensor  # [B, T, H] last hidden state after the final norm
+    layer_ids: tuple[int, ...] = ()  # the layers of ``features``, in order (() without features)
 
 
 class TargetAdapter:
@@ -141,6 +143,7 @@ class TargetAdapter:
             if target_layer_ids is None
             else validate_layer_ids(target_layer_ids, self.num_layers)
         )
+        self._checked_layers: set[tuple[int, ...]] = set()  # other layer lists validated once
         self.eos_token_ids: tuple[int, ...] = _eos_token_ids(model, tokenizer)
         self._check_embed_scale()
 
@@ -181,6 +184,13 @@ class TargetAdapter:
         except (OSError, ValueError) as e:  # HF raises these for missing / invalid repos and files
             where = "local folder" if local.exists() else "hub model (or its cache, when offline)"
             raise TargetLoadError(f"cannot load target {source!r} as a {where}: {e}") from e
+        except Exception as e:  # a malformed config.json fails anywhere in HF (TypeError, ZeroDivisionError)
+            logger.debug("loading the target failed", exc_info=True)
+            reason = (str(e).strip().splitlines() or [""])[0]
+            raise TargetLoadError(
+                f"cannot load target {source!r}: its config or files are malformed "
+                f"({type(e).__name__}: {reason})"
+            ) from e
         return cls(model.to(device), tokenizer, target_layer_ids=target_layer_ids)
 
     # -- properties -------------------------------------------------------------------
@@ -224,11 +234,21 @@ class TargetAdapter:
         return TargetCache()
 
     @torch.no_grad()
-    def forward(self, ids: Tensor, cache: TargetCache, *, with_features: bool = True) -> TargetOutput:
+    def forward(
+        self,
+        ids: Tensor,
+        cache: TargetCache,
+        *,
+        with_features: bool = True,
+        layer_ids: Sequence[int] | None = None,
+    ) -> TargetOutput:
         """Run the target over new tokens ``ids`` [B, T]; positions continue from ``cache.length``.
 
         Appends the tokens' keys/values to ``cache``. Returns logits at every new
-        position (the verification forward of SPEC §3 needs all γ + 1 of them).
+        position (the verification forward of SPEC §3 needs all γ + 1 of them), and with
+        ``with_features`` the raw outputs of ``layer_ids`` — the caller's drafter's
+        ``target_layer_ids``; ``None`` means the adapter's default :attr:`target_layer_ids`.
+        The layers are an argument, never state changed by whoever loads a drafter.
         """
         assert ids.dim() == 2 and ids.dtype == torch.long, (
             f"ids must be [B, T] long, got {ids.dtype} {ids.shape}"
@@ -240,8 +260,9 @@ class TargetAdapter:
         ids = ids.to(self.device)
         positions = torch.arange(cache.length, cache.length + T, device=self.device).expand(B, T)  # [B, T]
 
+        layers = self.feature_layers(layer_ids) if with_features else ()
         captured: dict[int, Tensor] = {}
-        hooks = self._capture_features(captured) if with_features else []
+        hooks = self._capture_features(captured, layers)
         try:
             out = self._decoder(
                 input_ids=ids, position_ids=positions, use_cache=True, **{self._cache_kwarg: cache.kv}
@@ -253,9 +274,9 @@ class TargetAdapter:
 
         hidden = out.last_hidden_state  # [B, T, H], final-normed by the decoder
         features = None
-        if with_features and self.target_layer_ids:
-            features = torch.stack([captured[i] for i in self.target_layer_ids], dim=2)  # [B, T, L, H]
-        return TargetOutput(logits=self.lm_head(hidden), features=features, hidden=hidden)
+        if layers:
+            features = torch.stack([captured[i] for i in layers], dim=2)  # [B, T, L, H]
+        return TargetOutput(logits=self.lm_head(hidden), features=features, hidden=hidden, layer_ids=layers)
 
     def rollback(self, cache: TargetCache, length: int) -> None:
         """Keep the first ``length`` cached tokens (the accepted prefix); no recomputation."""
@@ -263,8 +284,17 @@ class TargetAdapter:
 
     # -- internals --------------------------------------------------------------------
 
-    def _capture_features(self, captured: dict[int, Tensor]) -> list:
-        """Hook the chosen layers so one forward records their raw outputs into ``captured``.
+    def feature_layers(self, layer_ids: Sequence[int] | None) -> tuple[int, ...]:
+        """``layer_ids`` checked against this target (``None``: the adapter's default)."""
+        if layer_ids is None:
+            return self.target_layer_ids
+        layers = tuple(layer_ids)
+        if layers != self.target_layer_ids and layers not in self._checked_layers:
+            self._checked_layers.add(validate_layer_ids(layers, self.num_layers))
+        return layers
+
+    def _capture_features(self, captured: dict[int, Tensor], layer_ids: Sequence[int]) -> list:
+        """Hook ``layer_ids`` so one forward records their raw outputs into ``captured``.
 
         Hooks rather than ``output_hidden_states=True``: HF 5.x collects hidden states
         with hooks too, so neither costs extra compute, but HF keeps all n + 1 states
@@ -275,7 +305,7 @@ class TargetAdapter:
         Hooks live for one forward only, so the model stays a plain HF model.
         """
         handles = []
-        for layer_id in self.target_layer_ids:
+        for layer_id in layer_ids:
             if layer_id == EMBEDDING_LAYER_ID:
                 # The input of layer 0 is the embedding output exactly as the model uses
                 # it (scale included), whichever module applies the scale.

@@ -10,13 +10,16 @@ folder, so a drafter can be evaluated or exported straight from it::
     rng.json               python / numpy generator states per rank
     trainer_state.json     step, scheduler, data position, optimizer param groups and
                            scalars, the identity (configs) a resume must match
-    COMPLETE               written last: a folder without it is not a checkpoint
+    COMPLETE               written last: the file list and each file's sha256; a folder
+                           without it is not a checkpoint
 
 It is written into ``<root>/.tmp-step_...`` (each file fsynced), the marker last, then
 renamed into place; ``<root>/latest`` (replaced atomically) names the newest. A crash at
 any point leaves the previous checkpoint as ``latest``; the leftover temporary folder
 is removed by the next save. Tensors go to safetensors and everything else to JSON, so
-loading never unpickles.
+loading never unpickles. A resume verifies the checksums and falls back, with a warning,
+to the newest checkpoint that is intact (flipped bytes, truncation, an emptied file);
+``latest`` may only name a ``step_N`` folder beside it.
 """
 
 from __future__ import annotations
@@ -34,23 +37,19 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from dspark.errors import DsparkError
+from dspark.training.checkpoint_integrity import MARKER, CheckpointError, file_sha256, verify_checkpoint
 
 log = logging.getLogger(__name__)
 
-MARKER = "COMPLETE"
 LATEST = "latest"
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 _TMP_PREFIX = ".tmp-"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
-
-
-class CheckpointError(DsparkError):
-    """A checkpoint is missing, incomplete, or does not fit this run."""
 
 
 class ConfigMismatchError(CheckpointError):
@@ -143,8 +142,11 @@ def _write_tensors(path: Path, tensors: Mapping[str, Tensor]) -> None:
 
 
 def _write_marker(folder: Path, step: int) -> None:
-    """The completion marker; written last, after every other file is durable."""
-    _write_json(folder / MARKER, {"step": step, "files": sorted(p.name for p in folder.iterdir())})
+    """The completion marker, with every file's sha256; written last, after every other file is durable."""
+    files = sorted(p.name for p in folder.iterdir())
+    _write_json(
+        folder / MARKER, {"step": step, "files": files, "sha256": {f: file_sha256(folder / f) for f in files}}
+    )
 
 
 def _split_optimizer_state(state: Mapping[str, Any]) -> tuple[dict[str, Tensor], dict[str, Any]]:
@@ -176,12 +178,28 @@ def remove_incomplete(root: Path) -> None:
 
 
 def save_checkpoint(root: str | Path, ckpt: Checkpoint) -> Path:
-    """Write ``ckpt`` atomically under ``root`` and point ``latest`` at it; returns its folder."""
+    """Write ``ckpt`` atomically under ``root`` and point ``latest`` at it; returns its folder.
+
+    A write that fails (a full disk, a quota) removes its temporary folder and raises
+    :class:`CheckpointError`; the previous checkpoint stays ``latest``.
+    """
     root = Path(root)
+    tmp = root / f"{_TMP_PREFIX}{step_dir_name(ckpt.step)}"
+    try:
+        return _save(root, tmp, ckpt)
+    except (OSError, SafetensorError) as e:  # safetensors reports its I/O errors as its own type
+        shutil.rmtree(tmp, ignore_errors=True)
+        reason = getattr(e, "strerror", None) or str(e)
+        raise CheckpointError(
+            f"cannot write the step {ckpt.step} checkpoint under {root}: {reason}; the previous "
+            "checkpoint is intact: free some space and rerun to resume"
+        ) from None
+
+
+def _save(root: Path, tmp: Path, ckpt: Checkpoint) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     remove_incomplete(root)
     name = step_dir_name(ckpt.step)
-    tmp = root / f"{_TMP_PREFIX}{name}"
     tmp.mkdir()
 
     _write_json(tmp / CONFIG_FILE, ckpt.model_config)
@@ -226,17 +244,52 @@ def list_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def latest_checkpoint(root: str | Path) -> Path | None:
-    """The checkpoint ``latest`` names; the newest complete one if the pointer is missing or stale."""
-    root = Path(root)
+def _pointed(root: Path) -> Path | None:
+    """The folder ``latest`` names: a ``step_N`` folder inside ``root``, never a path elsewhere."""
     pointer = root / LATEST
-    if pointer.is_file():
-        folder = root / pointer.read_text().strip()
-        if is_complete(folder):
-            return folder
+    if not pointer.is_file():
+        return None
+    try:
+        name = pointer.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        name = ""
+    if not _STEP_DIR.match(name):
+        log.warning("%s does not name a checkpoint folder of %s (%r); ignoring it", pointer, root, name[:80])
+        return None
+    folder = root / name
+    if not is_complete(folder):
         log.warning("%s names %s, which is not a complete checkpoint; using the newest one", pointer, folder)
-    found = list_checkpoints(root)
-    return found[-1][1] if found else None
+        return None
+    return folder
+
+
+def latest_checkpoint(root: str | Path, *, verify: bool = True) -> Path | None:
+    """The checkpoint to resume from: the one ``latest`` names, else the newest complete one.
+
+    With ``verify``, a candidate whose files fail :func:`verify_checkpoint` (flipped
+    bytes, truncation) is skipped with a warning for the next newest valid one; None if
+    none is valid and none exists, :class:`CheckpointError` if all that exist are corrupt.
+    """
+    root = Path(root)
+    pointed = _pointed(root)
+    candidates = [pointed] if pointed is not None else []
+    candidates += [f for _, f in reversed(list_checkpoints(root)) if f != pointed]
+    if not verify:
+        return candidates[0] if candidates else None
+    problems = []
+    for folder in candidates:
+        try:
+            verify_checkpoint(folder)
+        except CheckpointError as e:
+            problems.append(str(e))
+            log.warning("skipping a corrupt checkpoint: %s; falling back to an older one", e)
+            continue
+        if problems:
+            log.warning("resuming from %s, the newest valid checkpoint", folder)
+        return folder
+    if problems:
+        raise CheckpointError(f"no valid checkpoint under {root}: " + "; ".join(problems))
+    return None
 
 
 def _join_optimizer_state(tensors: Mapping[str, Tensor], opt_json: Mapping[str, Any]) -> dict[str, Any]:
@@ -255,10 +308,19 @@ def _join_optimizer_state(tensors: Mapping[str, Tensor], opt_json: Mapping[str, 
 
 
 def load_checkpoint(folder: str | Path) -> Checkpoint:
-    """Read a complete checkpoint folder (no unpickling anywhere)."""
+    """Read a complete checkpoint folder (no unpickling anywhere); a corrupt one is a CheckpointError."""
     folder = Path(folder)
     if not is_complete(folder):
         raise CheckpointError(f"{folder} is not a complete checkpoint (no {MARKER} marker)")
+    try:
+        return _load(folder)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{folder}: corrupt checkpoint ({type(e).__name__}: {e})") from None
+    except SafetensorError as e:
+        raise CheckpointError(f"{folder}: corrupt checkpoint ({e})") from None
+
+
+def _load(folder: Path) -> Checkpoint:
     trainer_state = json.loads((folder / "trainer_state.json").read_text())
     opt_json = trainer_state.pop("optimizer")
     rng_tensors = load_file(str(folder / "rng.safetensors"))
@@ -282,7 +344,7 @@ def prune_checkpoints(root: str | Path, keep_last: int) -> None:
     """Delete all but the newest ``keep_last`` complete checkpoints (never the one ``latest`` names)."""
     if keep_last < 1:
         raise ValueError(f"keep_last must be >= 1, got {keep_last}")
-    latest = latest_checkpoint(root)
+    latest = latest_checkpoint(root, verify=False)
     for _, folder in list_checkpoints(root)[:-keep_last]:
         if folder != latest:
             shutil.rmtree(folder)

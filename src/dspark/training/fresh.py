@@ -10,23 +10,34 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
+from dspark.data.samples import TrainDataset, TrainSample
 from dspark.drafters.folder import drafter_config_json, publish_checkpoint
 from dspark.drafters.kinds import kind_of_config
-from dspark.training.data import TrainDataset, TrainSample
 from dspark.training.trainer import TrainConfig, TrainResult, train
 
 
 def train_new_drafter(
-    cfg: TrainConfig, target, config, dataset: TrainDataset | Sequence[TrainSample], folder: Path
+    cfg: TrainConfig,
+    target,
+    config,
+    dataset: TrainDataset | Sequence[TrainSample],
+    folder: Path,
+    **options: Any,
 ) -> tuple[nn.Module, TrainResult]:
-    """The trained drafter module and the run's result; its folder is at ``folder``."""
+    """The trained drafter module and the run's result; its folder is at ``folder``.
+
+    ``options`` go to :func:`~dspark.training.trainer.train` (``feature_cache``, ``stop``,
+    ``online_eval``).
+    """
     torch.manual_seed(cfg.seed)
     drafter = kind_of_config(config).drafter_cls.from_target(target, config)
-    result = train(cfg, target, drafter, dataset, model_config=lambda d: drafter_config_json(d, target))
+    model_config = lambda d: drafter_config_json(d, target)  # noqa: E731
+    result = train(cfg, target, drafter, dataset, model_config=model_config, **options)
     folder.parent.mkdir(parents=True, exist_ok=True)
     publish_checkpoint(result.checkpoint, folder)
     return drafter, result

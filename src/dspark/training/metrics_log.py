@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from dspark.training import distributed
+from dspark import distributed
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,8 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -36,8 +37,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from dspark import distributed
+from dspark.data.samples import ShardedSampler, TrainDataset, TrainSample, collate
+from dspark.distributed import World
 from dspark.errors import DsparkError
-from dspark.training import distributed, online
+from dspark.training import online
 from dspark.training.checkpoint import (
     Checkpoint,
     capture_rng,
@@ -48,11 +52,13 @@ from dspark.training.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
-from dspark.training.data import ShardedSampler, TrainDataset, TrainSample, collate
-from dspark.training.distributed import World
 from dspark.training.metrics_log import MetricMeans, MetricsLog, flatten_metrics
 
 log = logging.getLogger(__name__)
+
+# ``stop(step, record) -> bool``: asked after every logged step; True ends the run there
+# (with a checkpoint) before ``max_steps``, e.g. once expected τ stops rising.
+StopRule = Callable[[int, Mapping[str, float]], bool]
 
 # ``online_eval(drafter, step) -> {"tau": ...}``: real speculative decoding on held-out
 # prompts; its results are logged as ``eval/<name>`` beside the expected τ.
@@ -78,6 +84,10 @@ class TrainConfig:
     num_anchors: int | None = 512  # per sequence (SPEC §6); None = every eligible position
     seed: int = 0
     precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto: bf16 autocast on GPU, fp32 on CPU
+    # CPU: treat subnormal floats as zero during the run. The loss's softmaxes are full of
+    # probabilities below 1e-38; each one costs a microcode assist on x86, and on the tiny
+    # target that doubled a step's time (BENCHMARKS.md, "Training throughput").
+    flush_denormals: bool = True
     parallel: Literal["ddp", "fsdp"] = field(default="ddp", metadata=_RUN_CONTROL)
     find_unused_parameters: bool = field(default=False, metadata=_RUN_CONTROL)
     save_every: int = field(default=1000, metadata=_RUN_CONTROL)  # 0: only at the end
@@ -141,6 +151,22 @@ def lr_multiplier(step: int, *, total_steps: int, warmup_steps: int, min_lr_rati
         return (step + 1) / warmup_steps
     progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+
+@contextmanager
+def flushing_denormals(enabled: bool) -> Iterator[None]:
+    """CPU flush-to-zero / denormals-are-zero inside the block (a process-wide flag, reset after).
+
+    Values below ~1.2e-38 become 0: far below the losses' float noise, and nothing here
+    reads them (inference outside the block keeps the default IEEE behaviour).
+    """
+    if not enabled or not torch.set_flush_denormal(True):  # False: this CPU cannot
+        yield
+        return
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
 
 
 class _Objective(nn.Module):
@@ -283,6 +309,10 @@ class Trainer:
         Raises :class:`NonFiniteLossError` before the update when the global loss or
         gradient norm is not finite.
         """
+        with flushing_denormals(self.cfg.flush_denormals):
+            return self._step(step, metrics)
+
+    def _step(self, step: int, metrics: MetricMeans | None) -> StepStats:
         micro = self.sampler.next_step()
         loss_sum, tokens = torch.zeros((), dtype=torch.float64, device=self.world.device), 0
         for i, mb in enumerate(micro):
@@ -421,12 +451,14 @@ def train(
     world: World | None = None,
     model_config: Callable[[nn.Module], dict[str, Any]] = default_model_config,
     feature_cache=None,
+    stop: StopRule | None = None,
 ) -> TrainResult:
     """Train ``drafter`` against the frozen ``target`` on ``dataset``; resumes from the latest checkpoint.
 
     ``world`` comes from :func:`distributed.init_from_env` under torchrun (default: the
     current process group, or one process on the target's device). ``model_config``
-    makes a checkpoint's ``config.json``. ``feature_cache`` (a checked
+    makes a checkpoint's ``config.json``. ``stop`` may end the run early at a logged step
+    (the learning-rate schedule stays the one of ``max_steps``). ``feature_cache`` (a checked
     :class:`dspark.data.cache.FeatureCache` built from ``dataset``'s records) replaces the
     online target forward. Every rank calls this with the same arguments.
     The python/numpy/torch generators are seeded with ``cfg.seed + rank`` (or restored
@@ -447,6 +479,7 @@ def train(
     )
     record: dict[str, float] = {}
     tokens, since = 0, time.perf_counter()
+    step = start_step
     try:
         for step in range(start_step + 1, cfg.max_steps + 1):
             eval_now = online_eval is not None and cfg.eval_every > 0 and step % cfg.eval_every == 0
@@ -468,12 +501,17 @@ def train(
                 logger.write(step, record)
                 tokens, since = 0, time.perf_counter()
             logger.advance({"loss": stats.loss, "lr": stats.lr})
-            if step == cfg.max_steps or (cfg.save_every and step % cfg.save_every == 0):
+            # Every rank logs the same steps and sees the same global record, so all stop together.
+            stop_now = log_now and stop is not None and stop(step, record)
+            if stop_now or step == cfg.max_steps or (cfg.save_every and step % cfg.save_every == 0):
                 last_ckpt = trainer.save(step) or last_ckpt
+            if stop_now:
+                log.info("step %d: the stop rule ended the run before step %d", step, cfg.max_steps)
+                break
     finally:
         logger.close()
     return TrainResult(
-        step=max(start_step, cfg.max_steps),
+        step=max(start_step, step),
         start_step=start_step,
         checkpoint=last_ckpt,
         metrics=record,

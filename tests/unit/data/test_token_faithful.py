@@ -10,13 +10,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dspark.data.chat import chat_prompt_ids
 from dspark.data.http_backend import _parse_answer
 from dspark.data.prompts import Prompt
 from dspark.data.records import read_records
-from dspark.data.regenerate import InProcessBackend, RegenerateConfig, chat_prompt_ids, regenerate
+from dspark.data.regenerate import InProcessBackend, RegenerateConfig, regenerate
+from dspark.data.samples import tokenize_records
 from dspark.decoding import speculative_generate
 from dspark.protocols import SamplingParams
-from dspark.training.data import tokenize_records
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=24)
 PROMPTS = [

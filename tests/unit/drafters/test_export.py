@@ -295,11 +295,11 @@ def test_force_replaces_only_a_drafter_folder_that_is_not_the_source(tmp_path, t
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "thesis.tex").write_text("precious")
-    with pytest.raises(ExportError, match="not a drafter folder"):
+    with pytest.raises(ExportError, match="dspark did not write"):
         export_drafter(drafter, target, notes, fmt="hf", force=True)
     assert (notes / "thesis.tex").read_text() == "precious"
     source = export_drafter(drafter, target, tmp_path / "src", fmt="hf")
-    with pytest.raises(ExportError, match="holds the source drafter"):
+    with pytest.raises(ExportError, match="holds the input"):
         export_drafter(drafter, target, source, fmt="vllm", source=source, force=True)
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -12,6 +12,7 @@ from dspark.drafters.dflash import DFlashConfig, DFlashDrafter
 from dspark.drafters.dspark import DSparkConfig, DSparkDrafter
 from dspark.drafters.eagle3 import Eagle3Config, Eagle3Drafter
 from dspark.drafters.folder import DrafterLoadError, load_drafter, save_drafter
+from dspark.drafters.registry import TRAINABLE
 from dspark.protocols import SamplingParams, SequenceState
 from dspark.targets import TargetAdapter
 
@@ -61,7 +62,7 @@ def _draft(drafter, target, seed=0):
     return drafter.propose([state], 4, [SamplingParams(temperature=1.0, seed=seed)])
 
 
-@pytest.mark.parametrize("kind", ["dspark", "dflash", "eagle3"])
+@pytest.mark.parametrize("kind", TRAINABLE)
 def test_round_trip_gives_identical_drafts(tmp_path, target, kind):
     drafter = _make(kind, target)
     save_drafter(tmp_path / "d", drafter, target)

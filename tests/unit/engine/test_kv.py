@@ -1,4 +1,4 @@
-"""The batched forward over flattened runs gives the logits of a plain HF forward (targets/paged.py),
+"""The batched forward over flattened runs gives the logits of a plain HF forward (targets/flat.py),
 and the KV memory's rollback and slot moves keep them so (engine/kv.py)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from transformers import Gemma2ForCausalLM
 from dspark.engine.kv import KVMemory
 from dspark.errors import UnsupportedTargetError
 from dspark.targets import TargetAdapter, TargetCache
-from dspark.targets.paged import KVStore, Run, flat_forward
+from dspark.targets.flat import KVStore, Run, flat_forward
 
 FAMILIES = ["tiny_qwen3", "tiny_llama", "tiny_gemma3"]
 

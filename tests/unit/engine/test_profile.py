@@ -9,7 +9,7 @@ from dspark.engine import Engine, EngineConfig
 from dspark.engine.profile import load_or_profile, profile_sps, step_runs
 from dspark.scheduler import SpsTable
 from dspark.targets import TargetAdapter
-from dspark.targets.paged import KVStore
+from dspark.targets.flat import KVStore
 
 
 def test_step_runs_spread_tokens_over_requests():

@@ -7,9 +7,9 @@ import logging
 
 import pytest
 
+from dspark.commands.loading import parse_drafter_specs
 from dspark.errors import DsparkError
 from dspark.eval.benchmarks import load_benchmark
-from dspark.eval.commands import parse_drafter_specs
 from dspark.eval.runner import EvalRow, domain_rows
 
 

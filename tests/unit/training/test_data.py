@@ -7,8 +7,7 @@ import json
 import pytest
 import torch
 
-from dspark.tiny.tokenizer import render_chat, train_tokenizer
-from dspark.training.data import (
+from dspark.data.samples import (
     DataError,
     ShardedSampler,
     TrainDataset,
@@ -18,6 +17,7 @@ from dspark.training.data import (
     tokenize_conversation,
     tokenize_records,
 )
+from dspark.tiny.tokenizer import render_chat, train_tokenizer
 
 # Qwen3-like: earlier replies lose their <think>...</think> part, the last one keeps it.
 REWRITING_TEMPLATE = (

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dspark.data.samples import collate
 from dspark.drafters.blocks import eligible_anchors
 from dspark.errors import DsparkError
-from dspark.training.data import collate
 from dspark.training.online import anchor_generator, check_feature_layers, target_batch
 
 from .toy_drafter import tiny_target, toy_samples

@@ -187,3 +187,20 @@ def test_nan_stops_before_the_update_and_names_the_step(tmp_path, target):
     assert all(p.grad is None for p in drafter.parameters())
     assert latest_checkpoint(tmp_path / "run" / "checkpoints").name == "step_00000002"
     assert load_file(str(after_two.path / "model.safetensors")).keys() == drafter.state_dict().keys()
+
+
+def test_stop_rule_ends_the_run_at_a_logged_step_with_a_checkpoint(tmp_path, target):
+    seen: list[int] = []
+
+    def stop(step, record):
+        seen.append(step)
+        assert "loss" in record
+        return step == 4
+
+    cfg = _cfg(tmp_path, max_steps=10, log_every=2, save_every=0)
+    result = train(cfg, target, _drafter(target), toy_samples(16), stop=stop)
+    assert result.step == 4 and seen == [2, 4]
+    assert result.checkpoint is not None and load_checkpoint(result.checkpoint).step == 4
+    assert [r["step"] for r in _records(tmp_path / "run")] == [2, 4]
+    # the schedule is still the 10-step one: the stop did not shorten the cosine
+    assert _records(tmp_path / "run")[-1]["lr"] > cfg.lr * lr_multiplier(9, total_steps=10, warmup_steps=1)

@@ -16,9 +16,9 @@ import torch
 from torch import Tensor, nn
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from dspark.data.samples import TrainSample
 from dspark.protocols import TrainBatch, TrainOutput
 from dspark.targets import TargetAdapter
-from dspark.training.data import TrainSample
 
 SEQ_LEN = 12
 

@@ -4,7 +4,7 @@ The folder is written to a temporary folder beside ``--out``: the format's layou
 (:mod:`~dspark.drafters.export.layouts`), ``dspark_export.json`` (format, method, source,
 dtype, sha256 of every file the engines read, which our loader checks) and ``SERVE.md``.
 It is re-loaded there by the strict loader and compared with the source drafter, and
-only then replaces ``--out``; an existing folder is never lost (:func:`_check_out`).
+only then replaces ``--out``; an existing folder is never lost (:func:`_out_check`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ from torch import nn
 from dspark import __version__
 from dspark.drafters.export.layouts import FORMATS, LAYOUTS, ExportError, ExportInput
 from dspark.drafters.export.serve import serve_instructions
+from dspark.drafters.export.sidecars import SPS_NAME, STS_NAME
 from dspark.drafters.folder import (
     CONFIG_NAME,
+    DRAFTER_FILES,
     EXPORT_MANIFEST,
     WEIGHTS_NAME,
     _finish,
@@ -32,6 +34,7 @@ from dspark.drafters.folder import (
     load_drafter,
 )
 from dspark.drafters.kinds import DrafterKind, kind_of_config
+from dspark.output_folders import OutputFolderError, check_replaceable
 from dspark.targets import TargetAdapter
 
 log = logging.getLogger(__name__)
@@ -43,21 +46,17 @@ SERVE_NAME = "SERVE.md"
 # -- export ---------------------------------------------------------------------------------
 
 
-def _check_out(out: Path, force: bool, source: Path | None) -> None:
-    """Never lose data: refuse an existing non-empty ``out`` unless ``force``, and even then
-    replace only a drafter folder that is not the source."""
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise ExportError(f"--out {out} exists and is not a folder")
-    if not any(out.iterdir()):
-        return
-    if not force:
-        raise ExportError(f"--out {out} exists and is not empty; pass --force to replace it")
-    if not (out / CONFIG_NAME).is_file():
-        raise ExportError(f"--out {out} is not a drafter folder; refusing to replace it even with --force")
-    if source is not None and source.resolve().is_relative_to(out.resolve()):  # out itself or a parent
-        raise ExportError(f"--out {out} holds the source drafter {source}; export to another folder")
+def _out_check(force: bool, source: Path | None) -> dict:
+    """Never lose data (:mod:`dspark.output_folders`): an existing non-empty ``out`` is replaced
+    only with ``force``, only when it holds nothing but a drafter folder or export dspark wrote,
+    and never when it holds the source."""
+    return {
+        "flag": "--out",
+        "inputs": [source],
+        "replace": force,
+        "force_hint": "pass --force to replace it",
+        "legacy_names": (*DRAFTER_FILES, STS_NAME, SPS_NAME),
+    }
 
 
 def _validate(folder: Path, drafter: nn.Module, target: TargetAdapter, kind: DrafterKind, dtype) -> None:
@@ -102,7 +101,10 @@ def export_drafter(
     kind = kind_of_config(drafter.config)
     out = Path(out).expanduser()
     source_path = Path(source) if source is not None and Path(source).is_dir() else None
-    _check_out(out, force, source_path)
+    try:
+        check_replaceable(out, **_out_check(force, source_path))
+    except OutputFolderError as e:
+        raise ExportError(str(e)) from None
 
     config = drafter_config_json(drafter, target)
     dtype_name = str(dtype).removeprefix("torch.")
@@ -149,4 +151,4 @@ def export_drafter(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     log.info("exported %s drafter for %s to %s", kind.name, fmt, out)
-    return _finish(tmp, out)
+    return _finish(tmp, out, command="export", **_out_check(force, source_path))

@@ -1,0 +1,149 @@
+"""Training tokens/s per core: a baseline revision's trainer against this tree's, in one run (issue 16).
+
+Both paths train the same drafter on the same tiny-corpus samples with the same recipe
+(global batch 8, micro-batch 4, 64 anchors per sequence, ≤ 512 tokens, lr 1e-3), one
+torch thread each, in alternating subprocesses so that machine noise hits both alike:
+
+- ``old``: the baseline revision (default: the commit before issue 16), online target
+  features, exactly as ``dspark train`` ran there;
+- ``new``: this tree, features from an offline cache built once (the campaign's path),
+  with every speed-up of the current trainer.
+
+Tokens/s counts real sequence tokens (no padding) of the timed steps (the first
+``--warmup`` steps are not timed) per second of this process's CPU time — one thread, so
+tokens per core-second, which other jobs on the machine disturb far less than wall time
+(wall-clock tokens/s is printed too). Prints a Markdown table and the new/old ratios.
+
+    python scripts/bench_train_throughput.py --methods dflash,dspark,eagle3 --steps 12 --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BASELINE = "5a49af0"  # main before issue 16's trainer work
+
+
+def child(args: argparse.Namespace) -> None:
+    """One timed training run in this process; prints ``{"tokens_per_s": ...}``."""
+    import random
+
+    import torch
+
+    torch.set_num_threads(1)
+    from dspark.data.samples import TrainDataset, tokenize_records
+    from dspark.presets import drafters as presets
+    from dspark.presets.tiny import resolve_target
+    from dspark.targets import TargetAdapter
+    from dspark.tiny.corpus import training_records
+    from dspark.training.fresh import train_new_drafter
+    from dspark.training.trainer import TrainConfig
+
+    config = getattr(presets, f"{args.method}_tiny")()
+    target = TargetAdapter.from_pretrained(resolve_target(None))
+    records = training_records()
+    random.Random(0).shuffle(records)
+    records = records[: args.samples]
+    samples = tokenize_records(records, target.tokenizer, max_length=512)
+    options = {}
+    if args.path == "new":
+        from dspark.data.cache import FeatureCache
+        from dspark.data.cache_build import CacheBuildConfig, build_cache
+
+        cache_dir = Path(args.cache)
+        if not (cache_dir / "manifest.json").is_file():
+            build_cache(target, records, cache_dir, CacheBuildConfig(max_length=512, progress=False))
+        cache = FeatureCache.open(cache_dir)
+        samples = TrainDataset(cache.token_samples())
+        options["feature_cache"] = cache
+    from dspark.training import trainer as trainer_module
+
+    timings: list[tuple[float, float, int]] = []  # (cpu s, wall s, tokens) per optimizer step
+    step = trainer_module.Trainer.step
+
+    def timed_step(self, *a, **k):
+        cpu, wall = time.process_time(), time.perf_counter()
+        stats = step(self, *a, **k)
+        timings.append((time.process_time() - cpu, time.perf_counter() - wall, stats.tokens))
+        return stats
+
+    trainer_module.Trainer.step = timed_step
+    with tempfile.TemporaryDirectory() as out:
+        cfg = TrainConfig(
+            output_dir=out,
+            max_steps=args.warmup + args.steps,
+            global_batch_size=8,
+            micro_batch_size=4,
+            lr=1e-3,
+            num_anchors=64,
+            save_every=0,
+            log_every=args.warmup + args.steps,
+            progress=False,
+        )
+        train_new_drafter(cfg, target, config, samples, Path(out) / "drafter", **options)
+    cpu, wall, tokens = (sum(x) for x in zip(*timings[args.warmup :]))
+    print(json.dumps({"cpu": tokens / cpu, "wall": tokens / wall}))
+
+
+def run_child(tree: Path, method: str, path: str, ns: argparse.Namespace, cache: Path) -> dict[str, float]:
+    env = dict(os.environ, PYTHONPATH=str(tree / "src"), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--method", method, "--path", path]
+    cmd += ["--steps", str(ns.steps), "--warmup", str(ns.warmup), "--samples", str(ns.samples)]
+    cmd += ["--cache", str(cache)]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tree)
+    if out.returncode:
+        raise SystemExit(f"{path} {method} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--methods", default="dflash,dspark,eagle3")
+    ap.add_argument("--steps", type=int, default=12, help="timed optimizer steps per run")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--samples", type=int, default=400, help="tiny-corpus samples (shuffled, seed 0)")
+    ap.add_argument("--repeats", type=int, default=2, help="old/new pairs per method")
+    ap.add_argument("--baseline", default=BASELINE, help="git revision of the old trainer")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--method", help=argparse.SUPPRESS)
+    ap.add_argument("--path", choices=["old", "new"], help=argparse.SUPPRESS)
+    ap.add_argument("--cache", help=argparse.SUPPRESS)
+    ns = ap.parse_args()
+    if ns.child:
+        return child(ns)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        old_tree = Path(tmp) / "old"
+        old_tree.mkdir()
+        archive = subprocess.run(
+            ["git", "archive", ns.baseline, "src"], cwd=ROOT, capture_output=True, check=True
+        )
+        subprocess.run(["tar", "-x", "-C", str(old_tree)], input=archive.stdout, check=True)
+        cache = Path(tmp) / "cache"
+        load = os.getloadavg()[0]
+        started = time.time()
+        print(f"baseline {ns.baseline}; load average {load:.2f} at start\n")
+        print("| drafter | old tokens/CPU-s | new tokens/CPU-s | new / old (CPU) | new / old (wall) |")
+        print("|---|---:|---:|---:|---:|")
+        for method in ns.methods.split(","):
+            old, new = [], []
+            for _ in range(ns.repeats):
+                old.append(run_child(old_tree, method, "old", ns, cache))
+                new.append(run_child(ROOT, method, "new", ns, cache))
+            o, n = (statistics.median(r["cpu"] for r in runs) for runs in (old, new))
+            ow, nw = (statistics.median(r["wall"] for r in runs) for runs in (old, new))
+            print(f"| {method} | {o:.0f} | {n:.0f} | **{n / o:.2f}×** | {nw / ow:.2f}× |", flush=True)
+        print(f"\nload average {os.getloadavg()[0]:.2f} at end; {time.time() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

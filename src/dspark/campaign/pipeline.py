@@ -1,0 +1,288 @@
+"""The campaign's stages, each resumable (:mod:`dspark.quickstart.stages`), for one target.
+
+Layout of a campaign folder (keep it outside git; ``dspark campaign`` defaults to the
+user cache)::
+
+    data/answers.jsonl      the target's own answers to its training prompts
+    cache/                  the offline feature cache of those answers (built once)
+    train/<method>/         trainer output: checkpoints/, metrics.jsonl
+    drafters/<method>/      the trained drafters (HF folders)
+    eval/                   results.json, report.md, plots
+    stages/<stage>.json     resume markers
+
+A kill at any moment loses at most the work since the last record (regeneration),
+checkpoint (training) or the stage in flight (cache, evaluation); a rerun of the same
+command resumes there. Deleting the folder restarts from nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from dspark.campaign.plan import METHODS, CampaignPlan
+from dspark.campaign.plateau import plateaued
+from dspark.campaign.progress import plot_learning_curves
+from dspark.drafters.folder import file_sha256
+from dspark.errors import DsparkError
+from dspark.quickstart.stages import Stages
+
+TAU = "expected_tau"  # the trainer's metric the stop rule watches
+
+
+def _sha(path: Path) -> str:
+    return file_sha256(path)[:16]
+
+
+class PlateauStop:
+    """The trainer's stop rule: expected τ rose < ``gain`` over the last ``tail`` of the steps.
+
+    The history comes from the run's ``metrics.jsonl`` (read once, up to the step the run
+    resumed from) plus every record logged since, so a resumed run decides as an
+    uninterrupted one would.
+    """
+
+    def __init__(self, metrics: Path, *, tail: float, gain: float, min_step: int) -> None:
+        self.metrics, self.tail, self.gain, self.min_step = metrics, tail, gain, min_step
+        self.steps: list[int] | None = None
+        self.values: list[float] = []
+
+    def _load(self, before: int) -> None:
+        self.steps = []
+        lines = self.metrics.read_text().splitlines() if self.metrics.is_file() else []
+        for line in lines:
+            record = json.loads(line)
+            if record.get("step", before) < before and isinstance(record.get(TAU), int | float):
+                self.steps.append(int(record["step"]))
+                self.values.append(float(record[TAU]))
+
+    def __call__(self, step: int, record: Mapping[str, float]) -> bool:
+        if self.steps is None:
+            self._load(before=step)
+        if isinstance(record.get(TAU), int | float):
+            self.steps.append(step)
+            self.values.append(float(record[TAU]))
+        return plateaued(self.steps, self.values, tail=self.tail, min_gain=self.gain, min_step=self.min_step)
+
+
+def corpus_prompts(limit: int | None):
+    """The tiny target's training prompts, in corpus order (the evaluation sets never occur there)."""
+    from dspark.data.prompts import Prompt
+    from dspark.tiny.corpus import training_records
+
+    prompts = [
+        Prompt((r["conversations"][0]["content"],), r["domain"], f"tiny-corpus:{i}")
+        for i, r in enumerate(training_records())
+    ]
+    return prompts[:limit] if limit else prompts
+
+
+class Campaign:
+    """One target's campaign: the plan, its folder, the loaded target and the stages."""
+
+    def __init__(
+        self, plan: CampaignPlan, out: Path, *, progress: bool, announce: Callable[[str], None]
+    ) -> None:
+        from dspark.presets.tiny import resolve_target
+        from dspark.targets import TargetAdapter
+
+        if plan.target != "tiny":
+            raise DsparkError(f"no training prompts are defined for target {plan.target!r} yet (only tiny)")
+        self.plan, self.out, self.progress = plan, out, progress
+        self.stages = Stages(out, announce=announce)
+        source = Path(resolve_target(plan.target))
+        self.target = TargetAdapter.from_pretrained(str(source))
+        self.target_id = _sha(source / "model.safetensors")
+
+    # -- 1. the target's own answers -----------------------------------------------------------
+
+    def regenerate(self) -> dict[str, Any]:
+        p = self.plan
+        key = {"target": self.target_id} | p.part(
+            "prompts", "regen_max_tokens", "regen_temperature", "max_length", "seed"
+        )
+        answers = self.out / "data" / "answers.jsonl"
+        errors = answers.with_name("answers.errors.jsonl")
+
+        def run() -> dict[str, Any]:
+            from dspark.data.regenerate import InProcessBackend, RegenerateConfig, regenerate
+            from dspark.protocols import SamplingParams
+
+            prompts = corpus_prompts(p.prompts)
+            params = SamplingParams(
+                temperature=p.regen_temperature, max_tokens=p.regen_max_tokens, seed=p.seed
+            )
+            backend = InProcessBackend(self.target, max_batch=p.regen_batch, max_seq_len=p.max_length)
+            config = RegenerateConfig(concurrency=p.regen_batch, progress=self.progress)
+            summary = regenerate(prompts, backend, answers, errors, params, config)
+            if summary.failed > 0.01 * summary.total:
+                raise DsparkError(f"{summary.failed} prompts failed (reasons in {errors}); rerun to retry")
+            return {
+                "prompts": summary.total,
+                "failed": summary.failed + summary.skipped,
+                "completion_tokens": summary.completion_tokens,
+                "tokens_per_s": round(summary.tokens_per_s, 1),
+                "answers": str(answers.relative_to(self.out)),
+                "data_id": _sha(answers),
+            }
+
+        return self.stages.run("regenerate", key, run, outputs=(answers, errors))
+
+    # -- 2. the feature cache ------------------------------------------------------------------
+
+    def cache(self, data: dict[str, Any]) -> dict[str, Any]:
+        p = self.plan
+        key = {"target": self.target_id, "data": data["data_id"]} | p.part("cache_dtype", "max_length")
+        root = self.out / "cache"
+
+        def run() -> dict[str, Any]:
+            from dspark.data.cache_build import CacheBuildConfig, build_cache
+            from dspark.data.samples import read_jsonl
+
+            config = CacheBuildConfig(
+                dtype=p.cache_dtype, max_length=p.max_length, overwrite=True, progress=self.progress
+            )
+            manifest = build_cache(self.target, read_jsonl(self.out / data["answers"]), root, config)
+            return {
+                "samples": manifest["data"]["num_samples"],
+                "tokens": manifest["data"]["num_tokens"],
+                "supervised_tokens": manifest["data"]["num_supervised_tokens"],
+                "seconds": manifest["build_seconds"],
+                "cache_id": manifest["data"]["fingerprint"][:16],
+            }
+
+        return self.stages.run("cache", key, run, outputs=(root,))
+
+    # -- 3. training, equal budgets --------------------------------------------------------------
+
+    def train(self, method: str, preset: str, cache: dict[str, Any]) -> dict[str, Any]:
+        p = self.plan
+        key = {"target": self.target_id, "cache": cache["cache_id"], "preset": preset} | p.part(
+            "epochs", "batch_size", "micro_batch_size", "num_anchors", "lr", "seed",
+            "plateau_tail", "plateau_gain", "plateau_min_epochs",
+        )  # fmt: skip
+        run_dir = self.out / "train" / method
+        folder = self.out / "drafters" / method
+
+        def run() -> dict[str, Any]:
+            from dspark.data.cache import FeatureCache
+            from dspark.data.samples import TrainDataset
+            from dspark.eval.online import online_tau_eval
+            from dspark.presets import drafters as presets
+            from dspark.training.fresh import train_new_drafter
+            from dspark.training.trainer import TrainConfig
+
+            features = FeatureCache.open(self.out / "cache")
+            features.check_compatible(self.target, template_kwargs={}, max_length=p.max_length)
+            samples = TrainDataset(features.token_samples())
+            max_steps = p.steps(len(samples))
+            cfg = TrainConfig(
+                output_dir=str(run_dir),
+                max_steps=max_steps,
+                global_batch_size=p.batch_size,
+                micro_batch_size=p.micro_batch_size,
+                lr=p.lr,
+                num_anchors=p.num_anchors,
+                seed=p.seed,
+                save_every=p.save_every,
+                keep_last=2,
+                log_every=p.log_every,
+                eval_every=5 * p.save_every,
+                progress=self.progress,
+            )
+            stop = PlateauStop(
+                run_dir / "metrics.jsonl",
+                tail=p.plateau_tail,
+                gain=p.plateau_gain,
+                min_step=round(p.plateau_min_epochs * len(samples) / p.batch_size),
+            )
+            drafter, result = train_new_drafter(
+                cfg,
+                self.target,
+                getattr(presets, preset)(),
+                samples,
+                folder,
+                feature_cache=features,
+                stop=stop,
+                online_eval=online_tau_eval(self.target, ",".join(p.eval_sets)),
+            )
+            last = _last_record(run_dir / "metrics.jsonl")
+            return {
+                "method": method,
+                "steps": result.step,
+                "max_steps": max_steps,
+                "epochs": round(result.step * p.batch_size / len(samples), 3),
+                "stopped_early": result.step < max_steps,
+                "expected_tau": last.get(TAU),
+                "tokens_per_s": last.get("tokens_per_s"),
+                "trainable_parameters": sum(x.numel() for x in drafter.parameters() if x.requires_grad),
+                "drafter": str(folder.relative_to(self.out)),
+                "drafter_id": _sha(folder / "model.safetensors"),
+            }
+
+        return self.stages.run(f"train-{method}", key, run, outputs=(run_dir, folder))
+
+    # -- 4. evaluation -----------------------------------------------------------------------
+
+    def evaluate(self, trained: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        p = self.plan
+        key = {m: d["drafter_id"] for m, d in trained.items()} | p.part(
+            "eval_sets", "eval_prompts", "eval_max_tokens", "temperature", "seed"
+        )
+
+        def run() -> dict[str, Any]:
+            from dspark.drafters.folder import load_drafter
+            from dspark.drafters.registry import build_drafter
+            from dspark.eval.benchmarks import load_benchmark
+            from dspark.eval.report import write_eval_report
+            from dspark.eval.runner import EvalConfig, run_eval
+
+            drafters = {m: load_drafter(self.out / d["drafter"], self.target) for m, d in trained.items()}
+            drafters["ngram"] = build_drafter("ngram", self.target)
+            benches = [load_benchmark(name, limit=p.eval_prompts) for name in p.eval_sets]
+            config = EvalConfig(
+                temperature=p.temperature, max_tokens=p.eval_max_tokens, seed=p.seed, progress=self.progress
+            )
+            result = run_eval(self.target, drafters, benches, config)
+            write_eval_report(result, self.out / "eval", {"target": p.target, "campaign": str(self.out)})
+            rows = [
+                {"drafter": r.drafter, "benchmark": r.benchmark, "tau": r.tau, "speedup": r.speedup}
+                for r in result.rows
+            ]
+            return {"rows": rows, "report": "eval/report.md"}
+
+        return self.stages.run("eval", key, run)
+
+
+def _last_record(path: Path) -> dict[str, Any]:
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return json.loads(lines[-1]) if lines else {}
+
+
+def run_campaign(
+    plan: CampaignPlan,
+    out: Path,
+    *,
+    methods: tuple[str, ...] = METHODS,
+    progress: bool = True,
+    announce: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run (or resume) every stage; returns the summaries and writes ``out/summary.json``."""
+    started = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    campaign = Campaign(plan, out, progress=progress, announce=announce)
+    data = campaign.regenerate()
+    cache = campaign.cache(data)
+    presets = dict(zip(METHODS, plan.presets))
+    trained = {m: campaign.train(m, presets[m], cache) for m in methods}
+    evaluated = campaign.evaluate(trained)
+    summary = {"plan": plan.part(*plan.__dataclass_fields__), "data": data, "cache": cache}
+    summary |= {"trained": trained, "eval": evaluated, "seconds": round(time.perf_counter() - started, 1)}
+    tokens_per_step = plan.batch_size * cache["tokens"] / max(cache["samples"], 1)
+    plot = plot_learning_curves(out, tokens_per_step, out / "learning_curves.png")
+    summary["learning_curves"] = str(plot.relative_to(out)) if plot else None
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary

@@ -1,0 +1,90 @@
+"""Where a campaign stands, read from its folder alone: stages done, training curves, a plot.
+
+``dspark campaign --status`` prints it (for the notes written at every stop); the
+learning-curve plot (expected τ from the training batches and real τ from the online
+evaluation, against training tokens) is redrawn from ``train/<method>/metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dspark.campaign.plan import METHODS
+
+
+@dataclass
+class Curve:
+    """One drafter's logged history."""
+
+    steps: list[int] = field(default_factory=list)
+    expected_tau: list[float] = field(default_factory=list)
+    eval_steps: list[int] = field(default_factory=list)
+    eval_tau: list[float] = field(default_factory=list)
+    tokens_per_s: float | None = None
+
+
+def read_curve(metrics: Path) -> Curve:
+    curve = Curve()
+    lines = metrics.read_text().splitlines() if metrics.is_file() else []
+    for line in lines:
+        record = json.loads(line)
+        if isinstance(record.get("expected_tau"), int | float):
+            curve.steps.append(int(record["step"]))
+            curve.expected_tau.append(float(record["expected_tau"]))
+            curve.tokens_per_s = record.get("tokens_per_s", curve.tokens_per_s)
+        if isinstance(record.get("eval/tau"), int | float):
+            curve.eval_steps.append(int(record["step"]))
+            curve.eval_tau.append(float(record["eval/tau"]))
+    return curve
+
+
+def status(out: Path) -> dict[str, Any]:
+    """Stages finished, and per drafter: last step, expected τ, last real τ, checkpoints."""
+    stages = sorted(p.stem for p in (out / "stages").glob("*.json") if not p.stem.endswith(".started"))
+    report: dict[str, Any] = {"folder": str(out), "stages_done": stages, "training": {}}
+    for method in METHODS:
+        run = out / "train" / method
+        if not run.is_dir():
+            continue
+        curve = read_curve(run / "metrics.jsonl")
+        latest = run / "checkpoints" / "latest"
+        report["training"][method] = {
+            "step": curve.steps[-1] if curve.steps else 0,
+            "expected_tau": round(curve.expected_tau[-1], 3) if curve.expected_tau else None,
+            "real_tau": round(curve.eval_tau[-1], 3) if curve.eval_tau else None,
+            "tokens_per_s": round(curve.tokens_per_s, 1) if curve.tokens_per_s else None,
+            "latest_checkpoint": latest.read_text().strip() if latest.is_file() else None,
+            "finished": f"train-{method}" in stages,
+        }
+    return report
+
+
+def plot_learning_curves(out: Path, tokens_per_step: float, path: Path) -> Path | None:
+    """Expected and real τ of every trained drafter against training tokens; None before any log."""
+    from dspark.eval.plots import plt  # the Agg backend, set there
+
+    curves = {m: read_curve(out / "train" / m / "metrics.jsonl") for m in METHODS}
+    curves = {m: c for m, c in curves.items() if c.steps}
+    if not curves:
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for i, (method, c) in enumerate(curves.items()):
+        color = f"C{i}"
+        ax.plot(
+            [s * tokens_per_step for s in c.steps], c.expected_tau, color=color, label=f"{method} expected τ"
+        )
+        if c.eval_steps:
+            x = [s * tokens_per_step for s in c.eval_steps]
+            ax.plot(x, c.eval_tau, "o--", color=color, label=f"{method} real τ (online eval)")
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel("τ (accepted + 1 per round)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,69 @@
+"""argparse ``type=`` converters shared by every subcommand: a bad value becomes a
+one-line usage error naming the flag, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0:  # also rejects NaN
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return value
+
+
+def json_object(text: str) -> dict:
+    """``'{"enable_thinking": false}'`` → ``{"enable_thinking": False}`` (``--template-kwargs``)."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e.msg}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
+def size_bytes(text: str) -> int:
+    """``"512MB"``, ``"2GB"``, ``"1000000"`` -> bytes (decimal units)."""
+    units = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "B": 1}
+    upper = text.strip().upper()
+    for unit, factor in units.items():
+        if upper.endswith(unit):
+            upper, scale = upper[: -len(unit)], factor
+            break
+    else:
+        scale = 1
+    try:
+        value = int(float(upper) * scale)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size like 512MB or 2GB, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
+    return value
+
+
+def int_list(text: str) -> list[int]:
+    """``"4,8,12"`` → ``[4, 8, 12]``, every value a positive integer."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values

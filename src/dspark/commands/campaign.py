@@ -1,0 +1,103 @@
+"""``dspark campaign``: arguments and the call into :func:`dspark.campaign.pipeline.run_campaign`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+from dspark.commands.options import add_no_progress
+from dspark.errors import DsparkError
+
+
+def default_root() -> Path:
+    """Campaign state lives in the user cache, outside any checkout: ``~/.cache/dspark/campaigns``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "dspark" / "campaigns"
+
+
+def add_campaign_args(p: argparse.ArgumentParser) -> None:
+    from dspark.campaign.plan import METHODS, PLANS
+
+    p.add_argument(
+        "--target", default="tiny", choices=sorted(PLANS), help="the target whose drafters to train"
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"campaign folder (default: {default_root()}/<target>); rerunning into it resumes",
+    )
+    p.add_argument(
+        "--methods",
+        default=",".join(METHODS),
+        help="drafter methods to train, in this order (each with the same budget)",
+    )
+    p.add_argument(
+        "--epochs", type=float, default=None, help="training budget in epochs (default: the plan's)"
+    )
+    p.add_argument("--prompts", type=int, default=None, help="regenerate only the first N training prompts")
+    p.add_argument("--eval-prompts", type=int, default=None, help="prompts per evaluation set")
+    p.add_argument("--eval-max-tokens", type=int, default=None, help="tokens per evaluation answer")
+    p.add_argument(
+        "--status", action="store_true", help="print where the campaign in --out stands (runs nothing)"
+    )
+    add_no_progress(p, help="no progress bars (stage lines still print)")
+
+
+def main_campaign(args: argparse.Namespace) -> int:
+    """From a target to converged, evaluated drafters: regenerate → feature cache → train ×3 → eval.
+
+    The target answers its own training prompts; the feature cache pays the target
+    forward once for every drafter and epoch; DFlash, DSpark and Eagle3 train with equal
+    budgets until the epoch budget or until expected τ rises < 1 % over the last 20 % of
+    the steps; the three are evaluated with n-gram against plain decoding. Every stage
+    resumes after a kill (training from its last checkpoint) and none repeats finished
+    work. Run it in the background with one thread: `dspark --threads 1 campaign`.
+    """
+    from dspark.campaign.pipeline import run_campaign
+    from dspark.campaign.plan import METHODS, PLANS
+
+    out = args.out or default_root() / args.target
+    if args.status:
+        from dspark.campaign.progress import status
+
+        if not out.is_dir():
+            raise DsparkError(
+                f"no campaign at {out}; start one with `dspark campaign --target {args.target}`"
+            )
+        print(json.dumps(status(out), indent=1))
+        return 0
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise DsparkError(f"unknown --methods {unknown or args.methods!r}; choose from {', '.join(METHODS)}")
+    plan = PLANS[args.target]
+    changes = {
+        k: v
+        for k, v in (
+            ("epochs", args.epochs),
+            ("prompts", args.prompts),
+            ("eval_prompts", args.eval_prompts),
+            ("eval_max_tokens", args.eval_max_tokens),
+        )
+        if v is not None
+    }
+    plan = dataclasses.replace(plan, **changes)
+    summary = run_campaign(
+        plan,
+        out,
+        methods=methods,
+        progress=not args.no_progress,
+        announce=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    trained = {
+        m: {k: t[k] for k in ("steps", "epochs", "expected_tau")} for m, t in summary["trained"].items()
+    }
+    print(
+        json.dumps({"out": str(out), "trained": trained, "report": str(out / "eval" / "report.md")}, indent=1)
+    )
+    return 0

@@ -1,0 +1,154 @@
+"""``dspark eval``: arguments and the glue from them to :func:`dspark.eval.runner.run_eval`.
+
+Everything that can be refused is refused before any decoding: the target, each
+drafter (:func:`dspark.drafters.registry.build_drafter` validates a folder against the
+target; :func:`~dspark.drafters.folder.load_drafter` catches a drafter trained for
+another target of the same shape), every benchmark file and every prompt's length.
+The decoding arguments and their checks here are shared with ``dspark calibrate`` and
+``dspark sweep``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+from pathlib import Path
+
+from dspark.commands.argtypes import positive_int
+from dspark.commands.loading import load_drafters, load_target, parse_drafter_specs, set_threads
+from dspark.commands.options import add_device, add_drafters, add_no_progress, add_target, add_template_kwargs
+from dspark.errors import DsparkError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BENCH = "math,code,chat"
+
+
+# -- shared arguments -------------------------------------------------------------------------
+
+
+def add_target_args(p: argparse.ArgumentParser) -> None:
+    """``--target``, ``--device`` and ``--threads``: where the target runs."""
+    add_target(p)
+    add_device(p)
+    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
+
+
+def add_decoding_args(
+    p: argparse.ArgumentParser, *, bench: str = DEFAULT_BENCH, max_tokens: int = 256
+) -> None:
+    p.add_argument(
+        "--bench",
+        default=bench,
+        help="comma-separated benchmarks: built-in sets (math, code, chat) or JSONL paths "
+        "(the file name, e.g. gsm8k.jsonl, picks DeepSpec's prompt cap and the paper's domain)",
+    )
+    p.add_argument("--limit", type=int, default=None, help="prompts per benchmark (default: DeepSpec's caps)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0 = greedy)")
+    p.add_argument("--max-tokens", type=int, default=max_tokens, help="most new tokens per answer")
+    p.add_argument(
+        "--block-size", type=int, default=None, help="drafts per round (default: each drafter's γ)"
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="base seed; every method gets the same per-prompt seeds"
+    )
+    p.add_argument("--multi-turn", action="store_true", help="answer every turn, not only the first")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="a prompt longer than the target's context is an error (default: skipped and counted)",
+    )
+    p.add_argument(
+        "--on-bad-line",
+        choices=["stop", "skip"],
+        default="stop",
+        help="a broken benchmark line stops the run (default) or is skipped with a warning; both name it",
+    )
+    add_template_kwargs(p)
+    add_no_progress(p)
+
+
+def setup_threads(args: argparse.Namespace) -> None:
+    set_threads(args.threads)
+
+
+def load_eval_target(args: argparse.Namespace):
+    return load_target(args.target, device=args.device)
+
+
+def load_benchmarks(args: argparse.Namespace, *, skip: int = 0):
+    from dspark.eval.benchmarks import load_benchmark
+
+    if args.limit is not None and args.limit < 1:
+        raise DsparkError(f"--limit must be >= 1, got {args.limit}")
+    benches = []
+    for spec in filter(None, (s.strip() for s in args.bench.split(","))):
+        limit = None if args.limit is None else args.limit + skip
+        bench = load_benchmark(spec, limit=limit, on_bad_line=args.on_bad_line)
+        if skip:
+            bench = dataclasses.replace(bench, prompts=bench.prompts[skip:])
+            if not bench.prompts:
+                raise DsparkError(f"benchmark {spec!r} has no prompts left after skipping {skip}")
+        if any(b.name == bench.name for b in benches):
+            raise DsparkError(f"two benchmarks are named {bench.name!r}; rename one of the files")
+        benches.append(bench)
+    if not benches:
+        raise DsparkError("no benchmarks given")
+    return benches
+
+
+def eval_config(args: argparse.Namespace, *, baseline: bool):
+    from dspark.eval.runner import EvalConfig
+
+    template_kwargs = args.template_kwargs
+    if args.temperature < 0:
+        raise DsparkError(f"--temperature must be >= 0, got {args.temperature}")
+    if args.max_tokens < 1:
+        raise DsparkError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    if args.block_size is not None and args.block_size < 1:
+        raise DsparkError(f"--block-size must be >= 1, got {args.block_size}")
+    return EvalConfig(
+        temperature=args.temperature,
+        max_tokens=args.max_tokens,
+        multi_turn=args.multi_turn,
+        seed=args.seed,
+        block_size=args.block_size,
+        baseline=baseline,
+        template_kwargs=template_kwargs,
+        progress=not args.no_progress,
+        strict=args.strict,
+    )
+
+
+# -- dspark eval ------------------------------------------------------------------------------
+
+
+def add_eval_args(p: argparse.ArgumentParser) -> None:
+    add_drafters(p, labels=True)
+    add_decoding_args(p)
+    add_target_args(p)
+    p.add_argument("--no-baseline", action="store_true", help="skip plain decoding (no speedup figures)")
+    p.add_argument("--out", type=Path, required=True, help="folder for results.json, the plots and report.md")
+
+
+def main_eval(args: argparse.Namespace) -> int:
+    """Speculative decoding of benchmarks with several drafters: τ, acceptance per position, speedup."""
+    from dspark.eval.report import write_eval_report
+    from dspark.eval.runner import run_eval
+
+    setup_threads(args)
+    config = eval_config(args, baseline=not args.no_baseline)
+    specs = parse_drafter_specs(args.drafters)
+    benchmarks = load_benchmarks(args)  # the cheap checks first
+    target = load_eval_target(args)
+    drafters = load_drafters(specs, target)
+    result = run_eval(target, drafters, benchmarks, config)
+    meta = {"target": args.target or "tiny", "drafters": specs}
+    report = write_eval_report(result, args.out, meta)
+    print(f"{'drafter':<16}{'benchmark':<20}{'tau':>7}{'tok/s':>9}{'speedup':>9}")
+    for r in result.rows:
+        speedup = f"{r.speedup:.2f}x" if r.speedup is not None else "-"
+        print(f"{r.drafter[:15]:<16}{r.benchmark[:19]:<20}{r.tau:>7.2f}{r.tokens_per_s:>9.1f}{speedup:>9}")
+    print(f"report: {report}")
+    return 0

@@ -1,0 +1,94 @@
+"""``dspark generate``: one answer through the engine, streamed as the server streams it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from dspark.commands.argtypes import positive_int
+from dspark.commands.options import add_block_size, add_drafter, add_sampling, add_target
+
+
+def add_generate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--prompt", required=True, help="the user message; applied through the target's chat template"
+    )
+    add_target(p)
+    add_drafter(p, default="ngram", purpose="ngram is prompt lookup, none plain decoding")
+    add_sampling(p)
+    p.add_argument("--max-tokens", type=positive_int, default=256, help="most tokens to generate")
+    add_block_size(p, help="most drafts verified per round (γ)")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--raw", action="store_true", help="do not apply the chat template to the prompt")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object (text, num_tokens, tau, tokens_per_s) instead of streaming",
+    )
+
+
+def main_generate(args: argparse.Namespace) -> int:
+    """Generate an answer with speculative decoding; τ and tokens/s go to stderr."""
+    from dspark.commands.loading import load_target
+    from dspark.data.chat import chat_prompt_ids, user_messages
+    from dspark.drafters.registry import build_drafter
+    from dspark.engine import Engine, EngineConfig
+    from dspark.protocols import SamplingParams
+    from dspark.server.textstream import TextStream
+
+    params = SamplingParams(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        max_tokens=args.max_tokens,
+        stop=tuple(args.stop),
+        seed=args.seed,
+    )
+    target = load_target(args.target)
+    drafter = build_drafter(args.drafter, target)
+    tok = target.tokenizer
+    if args.raw:
+        prompt_ids = tok(args.prompt)["input_ids"]
+    else:
+        prompt_ids = chat_prompt_ids(tok, user_messages(args.prompt))
+
+    def decode(ids: list[int]) -> str:
+        return tok.decode(ids, skip_special_tokens=True)
+
+    # The server's incremental detokenizer: holds back partial UTF-8 characters and any
+    # text that may still become a stop string, so a stop string is never printed.
+    stream = TextStream(decode, params.stop)
+
+    def write(new: list[int]) -> None:
+        sys.stdout.write(stream.push(new))
+        sys.stdout.flush()
+
+    # One request through the engine (a KV slot just big enough for it), verifying all γ drafts.
+    capacity = min(target.max_context, len(prompt_ids) + args.max_tokens)
+    config = EngineConfig(block_size=args.block_size, policy="fixed", max_batch=1, max_seq_len=capacity)
+    engine = Engine(target, drafter, config, decode=decode)
+    request = engine.submit(prompt_ids, params, on_tokens=None if args.json else write)
+    while engine.has_work():
+        engine.step()
+    result = engine.pop_result(request)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "text": result.text,
+                    "num_tokens": len(result.token_ids),
+                    "tau": result.tau,
+                    "tokens_per_s": result.tokens_per_s,
+                    "finish_reason": result.finish_reason,
+                }
+            )
+        )
+    else:
+        sys.stdout.write(stream.finish(result.text) + "\n")
+        print(
+            f"τ = {result.tau:.2f} tokens/round, {result.tokens_per_s:.1f} tokens/s, "
+            f"{len(result.token_ids)} tokens ({result.finish_reason})",
+            file=sys.stderr,
+        )
+    return 0

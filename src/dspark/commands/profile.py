@@ -1,0 +1,48 @@
+"""``dspark profile``: measure SPS(B) of a target on this machine and save it (SPEC §9).
+
+The engine loads the saved table at start (same target, dtype, device, threads and
+engine shape) instead of profiling again. The measuring is :func:`dspark.engine.profile.profile_sps`
+(in ``engine`` rather than ``scheduler`` because it runs the target).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from dspark.commands.options import add_block_size, add_target
+
+
+def add_profile_args(p: argparse.ArgumentParser) -> None:
+    add_target(p)
+    p.add_argument("--max-batch", type=int, default=32, help="engine KV slots (requests at once)")
+    add_block_size(p)
+    p.add_argument("--max-seq-len", type=int, default=None, help="tokens per KV slot (default: the engine's)")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per batch size (the fastest counts)")
+    p.add_argument("--out", type=Path, default=None, help="where to save (default: the engine's cache path)")
+
+
+def main_profile(args: argparse.Namespace) -> int:
+    """Profile SPS(B), target steps per second for a forward of B tokens, and save the table.
+
+    The thread count (``dspark --threads N profile``) is part of the profile's key: run the
+    engine with the same setting to have it load this table.
+    """
+    from dspark.commands.loading import load_target
+    from dspark.engine.config import DEFAULT_MAX_SEQ_LEN
+    from dspark.engine.profile import default_profile_path, profile_sps
+    from dspark.targets.flat import KVStore
+
+    target = load_target(args.target)
+    capacity = min(args.max_seq_len or DEFAULT_MAX_SEQ_LEN, target.max_context)
+    store = KVStore.for_target(target, num_slots=args.max_batch, capacity=capacity)
+    table = profile_sps(target, store, block_size=args.block_size, repeats=args.repeats)
+    path = args.out or default_profile_path(table.meta)
+    table.save(path)
+    rows = [
+        {"B": b, "steps_per_s": round(s, 2), "tokens_per_s": round(b * s, 1)}
+        for b, s in zip(table.tokens, table.steps_per_s)
+    ]
+    print(json.dumps({"path": str(path), "meta": table.meta, "table": rows}, indent=1))
+    return 0

@@ -1,0 +1,46 @@
+"""Chat prompts as token ids: the one place a conversation becomes the ids a target answers.
+
+One convention everywhere (the server, eval, training's online evaluation, regeneration
+and the CLI): render with the tokenizer's own chat template (SPEC §7.4) to text, then
+tokenize that text without added special tokens — exactly how training renders and
+tokenizes whole conversations (:mod:`dspark.data.samples`), so the prompt the target
+answered is a prefix of the sample the drafter is trained on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dspark.data.prompts import Prompt
+from dspark.errors import DsparkError
+
+Messages = list[dict[str, str]]
+
+
+def user_messages(text: str, system: str | None = None) -> Messages:
+    """``[{"role": "system", ...}?, {"role": "user", "content": text}]``."""
+    head = [{"role": "system", "content": system}] if system else []
+    return [*head, {"role": "user", "content": text}]
+
+
+def first_turn_messages(prompt: Prompt) -> Messages:
+    """The messages of a prompt's first turn, with its system message if it has one."""
+    return user_messages(prompt.turns[0], prompt.system)
+
+
+def chat_prompt_ids(
+    tokenizer, messages: Messages, template_kwargs: Mapping[str, Any] | None = None
+) -> list[int]:
+    """Token ids of the chat prompt for the next assistant turn (module docstring)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise DsparkError("the target's tokenizer has no chat template (SPEC §7.4 uses the target's own)")
+    text = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, **dict(template_kwargs or {})
+    )
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def prompt_ids(tokenizer, prompt: Prompt, template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
+    """Ids of a prompt set entry's first turn (with its system message)."""
+    return chat_prompt_ids(tokenizer, first_turn_messages(prompt), template_kwargs)
