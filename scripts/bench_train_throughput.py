@@ -40,7 +40,10 @@ def child(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from dspark.data.samples import TrainDataset, tokenize_records
+    try:
+        from dspark.data.samples import TrainDataset, tokenize_records
+    except ImportError:  # the baseline revision kept them in training/
+        from dspark.training.data import TrainDataset, tokenize_records
     from dspark.presets import drafters as presets
     from dspark.presets.tiny import resolve_target
     from dspark.targets import TargetAdapter

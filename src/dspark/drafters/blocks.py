@@ -142,10 +142,14 @@ class PackedBlocks:
             n0, c0 = n1, c1
         return tuple(spans)
 
-    def context_mask(self) -> Tensor:
-        """``[N, C]`` bool: block n sees packed entry c iff they share a row and c's position < n's anchor."""
+    def context_mask(self, limit: Tensor | None = None) -> Tensor:
+        """``[N, C]`` bool: block n sees packed entry c iff they share a row and c's position < ``limit[n]``.
+
+        ``limit`` defaults to the anchors (DFlash/DSpark); Eagle3's first step uses anchor - 1.
+        """
+        limit = self.anchors if limit is None else limit  # [N]
         same_row = self.ctx_rows.unsqueeze(0) == self.rows.unsqueeze(1)  # [N, C]
-        return same_row & (self.ctx_positions.unsqueeze(0) < self.anchors.unsqueeze(1))
+        return same_row & (self.ctx_positions.unsqueeze(0) < limit.unsqueeze(1))
 
 
 def pack_blocks(layout: BlockLayout, context_len: int) -> PackedBlocks:

@@ -138,12 +138,14 @@ class PackedBlockMask:
     every slot (bidirectional, SPEC §5.1); it never sees another block. ``spans`` (from
     :meth:`~dspark.drafters.blocks.PackedBlocks.row_spans`) lists ``(n0, n1, c0, c1)``:
     blocks ``n0:n1`` can only see context ``c0:c1`` (their batch row), so the scores
-    outside those rectangles are never computed.
+    outside those rectangles are never computed. ``prefix`` holds keys/values of earlier
+    entries of each block that all its queries also see (Eagle3's chain so far).
     """
 
     context: Tensor  # [B, N, C] bool
-    block_size: int
+    block_size: int  # queries per block
     spans: tuple[tuple[int, int, int, int], ...] | None = None
+    prefix: tuple[Tensor, Tensor] | None = None  # keys, values [B, nkv, N, P, hd]
 
 
 def attend_packed_blocks(
@@ -152,7 +154,7 @@ def attend_packed_blocks(
     """Attention of packed blocks over their visible context and their own block only.
 
     q ``[B, nh, N*K, hd]``; ctx_k/ctx_v ``[B, nkv, C, hd]``; k/v ``[B, nkv, N*K, hd]`` (the
-    blocks' own). Equal to SDPA over ``[ctx ; every block]`` with
+    blocks' own, after ``mask.prefix`` if given). Equal to SDPA over ``[ctx ; every block]`` with
     :func:`~dspark.drafters.blocks.block_attention_mask`, but scores only each block's own
     row of context and its own K slots: ``Σ_rows N_r*K*(C_r + K)`` scores instead of
     ``N*K*(C + N*K)``. The softmax runs over the context and own-block scores together.
@@ -161,12 +163,19 @@ def attend_packed_blocks(
     K = mask.block_size
     N, C = Q // K, ctx_k.shape[2]
     assert Q == N * K and mask.context.shape == (B, N, C), f"{tuple(mask.context.shape)} vs {(B, N, C)}"
-    groups = nh // ctx_k.shape[1]
+    nkv = ctx_k.shape[1]
+    k_own, v_own = k.view(B, nkv, N, K, hd), v.view(B, nkv, N, K, hd)
+    if mask.prefix is not None:
+        k_own, v_own = (
+            torch.cat([p, x], dim=3) for p, x in zip(mask.prefix, (k_own, v_own))
+        )  # [B, nkv, N, P+K, hd]
+    groups = nh // nkv
     if groups > 1:
-        ctx_k, ctx_v, k, v = (x.repeat_interleave(groups, dim=1) for x in (ctx_k, ctx_v, k, v))
+        ctx_k, ctx_v, k_own, v_own = (
+            x.repeat_interleave(groups, dim=1) for x in (ctx_k, ctx_v, k_own, v_own)
+        )
     q = q * hd**-0.5
-    s_own = q.view(B, nh, N, K, hd) @ k.view(B, nh, N, K, hd).transpose(-1, -2)  # [B, nh, N, K, K]
-    v_own = v.view(B, nh, N, K, hd)
+    s_own = q.view(B, nh, N, K, hd) @ k_own.transpose(-1, -2)  # [B, nh, N, K, P+K]
     outs = []
     for n0, n1, c0, c1 in mask.spans or ((0, N, 0, C),):
         n, c = n1 - n0, c1 - c0

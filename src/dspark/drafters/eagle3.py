@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from dspark.drafters.blocks import batch_layout, chain_attention_mask
+from dspark.drafters.blocks import batch_layout, pack_blocks
 from dspark.drafters.common import (
     DecoderDims,
     DraftAttention,
     DrafterCache,
+    PackedBlockMask,
     RMSNorm,
     SwiGLU,
     assert_states,
@@ -138,43 +139,51 @@ class Eagle3Drafter(nn.Module):
     # -- training ----------------------------------------------------------------------------
 
     def forward_train(self, batch: TrainBatch) -> TrainOutput:
-        """Training-time test: γ chained steps from each anchor, teacher-forced tokens (SPEC §5.2)."""
-        layout = batch_layout(batch, self.block_size)
-        ids = batch.input_ids
-        B, T = ids.shape
-        A, K, H = layout.anchors.shape[1], self.block_size, self.dims.hidden_size
-        g = fuse_features(self.fc, batch.features)  # [B, T, H]
-        # First-pass entries p = 1..T-1 (entry index t = p - 1): token x_p with g_{p-1}.
-        C = T - 1
-        cos_c, sin_c = self._rope(torch.arange(1, T, device=ids.device).expand(B, C))  # [B, C, hd]
-        x_ctx = self.layer.entry_input(self.embed(ids[:, 1:]).to(g.dtype), g[:, :-1])  # [B, C, 2H]
-        ctx_k, ctx_v = self.layer.self_attn.project_kv(x_ctx, cos_c, sin_c)  # [B, nkv, C, hd]
+        """Training-time test: γ chained steps from each real anchor ``[1, N, K]`` (SPEC §5.2).
 
-        anchors = layout.anchors  # [B, A]; a chain needs g_{a-1}, so anchor 0 is unusable
-        root = anchors.clamp_min(1)  # [B, A]
-        h = g.gather(1, (root - 1).unsqueeze(-1).expand(B, A, H))  # [B, A, H]: g_{a-1}
-        keys, values, outputs = [ctx_k], [ctx_v], []
-        for k in range(K):
-            tok = ids.gather(1, (root + k).clamp_max(T - 1))  # [B, A]: x_{a+k}, teacher-forced
-            cos, sin = self._rope(root + k)  # [B, A, hd]
+        The first-pass entries (entry t = token x_{t+1} with g_t) and the blocks are packed
+        as in :meth:`DFlashBackbone.block_hidden_train`: no padding blocks, attention per row.
+        """
+        ids = batch.input_ids
+        T = ids.shape[1]
+        blocks = pack_blocks(batch_layout(batch, self.block_size), T - 1)
+        rows, anchors = blocks.rows, blocks.anchors  # [N]
+        e_rows, e_pos = blocks.ctx_rows, blocks.ctx_positions  # [C]: entry t of row r
+        g_ctx = fuse_features(self.fc, batch.features[e_rows, e_pos])  # [C, H]: g_t
+        x_ctx = self.layer.entry_input(self.embed(ids[e_rows, e_pos + 1]).to(g_ctx.dtype), g_ctx)  # [C, 2H]
+        cos_c, sin_c = self._rope((e_pos + 1).unsqueeze(0))  # [1, C, hd]
+        ctx_k, ctx_v = self.layer.self_attn.project_kv(x_ctx.unsqueeze(0), cos_c, sin_c)  # [1, nkv, C, hd]
+
+        root = anchors.clamp_min(1)  # [N]; a chain needs g_{a-1}, so anchor 0 is unusable
+        h = fuse_features(self.fc, batch.features[rows, root - 1]).unsqueeze(0)  # [1, N, H]: g_{a-1}
+        spans = blocks.row_spans()
+        chain_k: list[Tensor] = []
+        chain_v: list[Tensor] = []
+        outputs = []
+        for k in range(self.block_size):
+            tok = ids[rows, (root + k).clamp_max(T - 1)].unsqueeze(0)  # [1, N]: x_{a+k}, teacher-forced
+            cos, sin = self._rope((root + k).unsqueeze(0))  # [1, N, hd]
             # Step 0 is the anchor's own first-pass entry: it sees the entries before it
             # (t < a-1) and itself; later steps see the context up to the anchor (t < a),
             # the earlier steps of their own chain and themselves.
-            boundary = anchors - 1 if k == 0 else anchors  # [B, A]; padding (-1) stays below 0
-            mask = chain_attention_mask(boundary, C, len(keys))  # [B, 1, A, C + len(keys)*A], last A = own
-            h, k_new, v_new = self.layer(
-                self.embed(tok).to(g.dtype), h, cos, sin, torch.cat(keys, 2), torch.cat(values, 2), mask
-            )
+            visible = blocks.context_mask(anchors - 1 if k == 0 else anchors).unsqueeze(0)  # [1, N, C]
+            prefix = (
+                (torch.stack(chain_k, 3), torch.stack(chain_v, 3)) if chain_k else None
+            )  # [1, nkv, N, P, hd]
+            mask = PackedBlockMask(visible, 1, spans, prefix)
+            h, k_new, v_new = self.layer(self.embed(tok).to(g_ctx.dtype), h, cos, sin, ctx_k, ctx_v, mask)
             if k > 0:  # step 0's keys are already the anchor's first-pass entry
-                keys.append(k_new)
-                values.append(v_new)
+                chain_k.append(k_new)  # [1, nkv, N, hd]
+                chain_v.append(v_new)
             outputs.append(h)
-        hidden = self.norm(torch.stack(outputs, dim=2))  # [B, A, K, H], final-normed
+        hidden = self.norm(torch.stack(outputs, dim=2))  # [1, N, K, H], final-normed
         softcap = self.dims.logit_softcap
         return TrainOutput(
-            labels=layout.labels,
-            valid=layout.valid & (anchors >= 1).unsqueeze(-1),
-            factors=slot_factors(self.lm_head, hidden, batch.target_hidden, layout.positions, softcap),
+            labels=blocks.labels.unsqueeze(0),
+            valid=(blocks.valid & (anchors >= 1).unsqueeze(-1)).unsqueeze(0),
+            factors=slot_factors(
+                self.lm_head, hidden, batch.target_hidden, blocks.positions, softcap, rows=rows
+            ),
         )
 
     def loss(self, out: TrainOutput) -> LossOutput:

@@ -16,9 +16,9 @@ import torch
 from dspark.drafters.blocks import PAD_ANCHOR, batch_layout
 from dspark.drafters.common import PackedBlockMask, attend, attend_packed_blocks
 from dspark.drafters.objective import compute_loss
-from dspark.protocols import TrainOutput
+from dspark.protocols import TrainBatch, TrainOutput
 from dspark.targets import TargetAdapter
-from tests.unit.drafters.builders import build, make_batch, prompt
+from tests.unit.drafters.builders import DRAFTERS, build, make_batch, prompt
 
 
 @pytest.fixture(autouse=True)
@@ -150,3 +150,35 @@ def test_attend_packed_blocks_equals_dense_masked_sdpa():
     ).unsqueeze(1)  # [B, 1, N*K, C + N*K]
     expected = attend(q, torch.cat([ctx_k, k], 2), torch.cat([ctx_v, v], 2), dense)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def row_alone(batch, b: int, length: int):
+    """Row ``b`` of ``batch`` as a batch of its own (its real tokens and real anchors only)."""
+    anchors = batch.anchors[b : b + 1]
+    return TrainBatch(
+        input_ids=batch.input_ids[b : b + 1, :length],
+        loss_mask=batch.loss_mask[b : b + 1, :length],
+        features=batch.features[b : b + 1, :length],
+        target_hidden=batch.target_hidden[b : b + 1, :length],
+        anchors=anchors[:, anchors[0] >= 0],
+    )
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_outputs_do_not_depend_on_packing(target, name):
+    """Two rows packed together give each block exactly what the row alone gives (issue 14)."""
+    drafter = build(name, target)
+    batch = two_rows(target)
+    with torch.no_grad():
+        packed = drafter.forward_train(batch)
+        alone = [drafter.forward_train(row_alone(batch, b, n)) for b, n in ((0, 20), (1, 13))]
+    # Past a row's end a slot reads padding (packed) or a clamped position (alone): never supervised.
+    valid = packed.valid
+    assert torch.equal(valid, torch.cat([a.valid for a in alone], dim=1)) and valid.sum() > 20
+    logits = torch.cat([a.logits for a in alone], dim=1)
+    torch.testing.assert_close(packed.logits[valid], logits[valid], atol=1e-5, rtol=1e-5)
+    target_alone = torch.cat([a.target_logits for a in alone], 1)
+    torch.testing.assert_close(packed.target_logits[valid], target_alone[valid])
+    if packed.confidences is not None:
+        alone_conf = torch.cat([a.confidences for a in alone], 1)
+        torch.testing.assert_close(packed.confidences[valid], alone_conf[valid])
