@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 
-from dspark.commands.argtypes import positive_int
+from dspark.commands.argtypes import non_negative_float, positive_int
 from dspark.commands.options import add_block_size, add_drafter, add_drafters, add_target
 from dspark.errors import DsparkError
 
@@ -45,6 +46,15 @@ def add_bench_decode_args(p: argparse.ArgumentParser) -> None:
         default="",
         help="also decode each drafter through the batched engine (one slot) with these comma-separated "
         "verification policies, as methods DRAFTER@POLICY (e.g. prefix,fixed)",
+    )
+    p.add_argument(
+        "--temperature", type=non_negative_float, default=0.0, help="0 = greedy (default); > 0 samples"
+    )
+    p.add_argument("--verify-k", default="8", help="comma-separated k for the verify-k / decode-1 cost ratio")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="a prompt that does not fit the context is an error (default: skipped)",
     )
     p.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
 
@@ -84,14 +94,20 @@ def main_bench_decode(args: argparse.Namespace) -> int:
             hf_prompt_lookup=args.hf_prompt_lookup,
             hf_assistant=assistant,
             engines=engines,
+            temperature=args.temperature,
+            strict=args.strict,
         )
-        out += [{"bench": bench, **row} for row in result.rows()]
-    ratio = verify_cost_ratio(target, k=8)
+        if result.skipped:
+            logging.getLogger("dspark").warning(
+                "%s: skipped %d prompts that do not fit", bench, result.skipped
+            )
+        out += [{"bench": bench, "skipped": result.skipped, **row} for row in result.rows()]
+    ratios = {int(k): verify_cost_ratio(target, k=int(k)) for k in args.verify_k.split(",")}
     conditions = conditions.ended()
     if args.json:
         print(
             json.dumps(
-                {"rows": out, "verify8_over_decode1": ratio, "conditions": conditions.as_dict()}, indent=2
+                {"rows": out, "verify_k_over_decode1": ratios, "conditions": conditions.as_dict()}, indent=2
             )
         )
     else:
@@ -101,7 +117,8 @@ def main_bench_decode(args: argparse.Namespace) -> int:
                 f"{r['bench'][-24:]:<24}{r['method']:<18}{r['tokens_per_s']:>9.1f}{r['tau']:>7.2f}"
                 f"{r['speedup']:>9.3f}  {r['identical_to_baseline']}"
             )
-        print(f"verify 8 tokens / decode 1 token: {ratio:.2f}x")
+        for k, ratio in ratios.items():
+            print(f"verify {k} tokens / decode 1 token: {ratio:.2f}x")
         print(f"run conditions: {conditions.describe()}")
     if conditions.warning():
         print(f"warning: {conditions.warning()}", file=sys.stderr)

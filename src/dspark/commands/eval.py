@@ -62,6 +62,11 @@ def add_decoding_args(
     )
     p.add_argument("--multi-turn", action="store_true", help="answer every turn, not only the first")
     p.add_argument(
+        "--strict",
+        action="store_true",
+        help="a prompt longer than the target's context is an error (default: skipped and counted)",
+    )
+    p.add_argument(
         "--on-bad-line",
         choices=["stop", "skip"],
         default="stop",
@@ -119,6 +124,7 @@ def eval_config(args: argparse.Namespace, *, baseline: bool):
         baseline=baseline,
         template_kwargs=template_kwargs,
         progress=not args.no_progress,
+        strict=args.strict,
     )
 
 

@@ -39,6 +39,18 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out", type=Path, required=True, help="run folder: checkpoints/, metrics.jsonl, drafter/"
     )
+    p.add_argument(
+        "--target-layers",
+        default=None,
+        help="comma-separated target layers the drafter reads, ascending, e.g. 1,9,17 (-1 = embeddings; "
+        "default: the preset's, else min(5, n-1) spread evenly)",
+    )
+    p.add_argument(
+        "--mask-token",
+        default=None,
+        help="dflash/dspark block mask input: an existing token or id, or 'learned' (a trainable "
+        "embedding); default: the tokenizer's mask token",
+    )
     p.add_argument("--steps", type=int, default=300, help="optimizer steps")
     p.add_argument("--batch-size", type=int, default=8, help="global batch (sequences per optimizer step)")
     p.add_argument("--micro-batch-size", type=int, default=2, help="sequences per forward per process")
@@ -123,6 +135,7 @@ def main_train(args: argparse.Namespace) -> int:
     from dspark.data.samples import tokenize_records
     from dspark.drafters.folder import drafter_config_json, publish_checkpoint
     from dspark.drafters.kinds import KINDS
+    from dspark.drafters.target_choices import apply_target_choices
     from dspark.eval.online import online_tau_eval
     from dspark.training.trainer import TrainConfig, train
 
@@ -144,8 +157,10 @@ def main_train(args: argparse.Namespace) -> int:
         resume=not args.no_resume,
     )
     with distributed.launch() as world:
-        layer_ids = getattr(config, "target_layer_ids", None)
-        target = load_target(args.target, device=world.device, target_layer_ids=layer_ids)
+        target = load_target(args.target, device=world.device)
+        config = apply_target_choices(
+            config, target, target_layers=args.target_layers, mask_token=args.mask_token
+        )
         torch.manual_seed(args.seed)
         drafter = KINDS[args.drafter].drafter_cls.from_target(target, config)
         data = tokenize_records(

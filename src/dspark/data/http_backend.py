@@ -60,7 +60,34 @@ def _error_text(response: httpx.Response) -> str:
     return str(body)[:200]
 
 
+def _id_list(value: Any) -> list[int] | None:
+    if isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        return list(value)
+    return None
+
+
+def _logprob_ids(choice: Mapping[str, Any]) -> list[int] | None:
+    """Generated ids from logprobs tokens written ``"token_id:N"`` (vLLM's ``return_tokens_as_token_ids``)."""
+    content = (
+        (choice.get("logprobs") or {}).get("content") if isinstance(choice.get("logprobs"), dict) else None
+    )
+    if not content:
+        return None
+    ids = []
+    for entry in content:
+        token = entry.get("token") if isinstance(entry, dict) else None
+        if not isinstance(token, str) or not token.startswith("token_id:"):
+            return None
+        try:
+            ids.append(int(token.removeprefix("token_id:")))
+        except ValueError:
+            return None
+    return ids
+
+
 def _parse_answer(body: Any) -> Answer:
+    """The answer; its prompt and generated token ids too where the server returns them
+    (vLLM with ``return_token_ids``: ``prompt_token_ids`` and the choice's ``token_ids``)."""
     try:
         choice = body["choices"][0]
         message = choice["message"]
@@ -71,6 +98,8 @@ def _parse_answer(body: Any) -> Answer:
             finish_reason=choice.get("finish_reason") or "stop",
             num_tokens=usage.get("completion_tokens"),
             reasoning=message.get("reasoning_content") or message.get("reasoning"),
+            prompt_ids=_id_list(body.get("prompt_token_ids") or choice.get("prompt_token_ids")),
+            token_ids=_id_list(choice.get("token_ids")) or _logprob_ids(choice),
         )
     except (KeyError, IndexError, TypeError, AttributeError):
         raise AnswerError(f"malformed response: {json.dumps(body)[:200]}", retryable=True) from None
@@ -122,6 +151,9 @@ class HttpBackend:
             "temperature": params.temperature,
             "top_p": params.top_p,
             "stream": False,
+            # Ask for the token ids (vLLM >= 0.10 returns them; servers that do not know the
+            # field ignore it, and the record is then marked text-only).
+            "return_token_ids": True,
         }
         if params.top_k > 0:
             body["top_k"] = params.top_k  # vLLM/SGLang extension; off unless asked

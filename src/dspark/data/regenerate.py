@@ -16,7 +16,12 @@ appended atomically as soon as the prompt is done (:mod:`dspark.data.records`)::
 
     {"id", "source", "domain", "system"?, "turns": [...], "answers": [...],
      "finish_reasons": [...], "num_tokens": [...], "sampling": {...},
-     "template_kwargs": {...}, "backend": "..."}
+     "template_kwargs": {...}, "backend": "...",
+     "token_ids": "exact" | "text-only", "prompt_ids"?: [[...]], "answer_ids"?: [[...]]}
+
+``prompt_ids[t]`` / ``answer_ids[t]`` are the token ids the target was given and
+produced at turn t (in-process: the engine's; over HTTP: the server's where it returns
+them); ``"token_ids": "text-only"`` marks a record whose backend gave text only.
 
 Failures (after the backend's retries) go to the error file as ``{"id", "source",
 "turn", "reason", "retryable"}``. A rerun skips the prompts already in the output and
@@ -55,6 +60,9 @@ class Answer:
     finish_reason: str  # "stop" | "length" (whatever the server reports)
     num_tokens: int | None = None  # completion tokens, when known
     reasoning: str | None = None  # a server's separate reasoning_content, if it splits it off
+    # What the target really saw and produced, when the backend knows (token-faithful data):
+    prompt_ids: list[int] | None = None  # the rendered chat prompt of this turn
+    token_ids: list[int] | None = None  # the generated tokens (EOS included when generated)
 
 
 class AnswerError(Exception):
@@ -128,7 +136,13 @@ class InProcessBackend:
             raise AnswerError(str(e), retryable=False) from None
         except EngineDeadError as e:
             raise AnswerError(f"the engine failed: {e}", retryable=True) from None
-        return Answer(result.text, result.finish_reason, len(result.token_ids))
+        return Answer(
+            result.text,
+            result.finish_reason,
+            len(result.token_ids),
+            prompt_ids=list(prompt_ids),
+            token_ids=list(result.token_ids),
+        )
 
     async def aclose(self) -> None:
         if self._worker is not None:
@@ -213,6 +227,15 @@ async def answer_prompt(
     }
     if any(a.reasoning for a in answers):
         record["reasoning"] = [a.reasoning for a in answers]
+    # Token-faithful data: training uses these ids instead of re-tokenizing the text,
+    # which can differ (a space after the template, multi-byte characters split across
+    # tokens). Only when every turn has them; else the record says it is text only.
+    if all(a.prompt_ids is not None and a.token_ids is not None for a in answers):
+        record["prompt_ids"] = [a.prompt_ids for a in answers]
+        record["answer_ids"] = [a.token_ids for a in answers]
+        record["token_ids"] = "exact"
+    else:
+        record["token_ids"] = "text-only"
     return record
 
 

@@ -256,6 +256,26 @@ class TrainDataset(Sequence[TrainSample]):
         return h.hexdigest()
 
 
+def exact_turn_samples(record: Mapping[str, Any], *, max_length: int) -> list[TrainSample] | None:
+    """Samples from a regenerated record's own token ids, one per turn; None if it has none.
+
+    Turn t is ``prompt_ids[t] + answer_ids[t]``, supervised on the answer: exactly the
+    tokens the target was given and generated (no re-tokenization of the text, which can
+    differ). A multi-turn record repeats its history in each turn's prompt, as the
+    target saw it.
+    """
+    prompts, answers = record.get("prompt_ids"), record.get("answer_ids")
+    if not isinstance(prompts, list) or not isinstance(answers, list) or len(prompts) != len(answers):
+        return None
+    samples = []
+    for prompt, answer in zip(prompts, answers):
+        ids = (list(prompt) + list(answer))[:max_length]
+        mask = ([False] * len(prompt) + [True] * len(answer))[:max_length]
+        if any(mask):
+            samples.append(TrainSample(torch.tensor(ids, dtype=torch.long), torch.tensor(mask)))
+    return samples
+
+
 def tokenize_records(
     records: Iterable[Mapping[str, Any]],
     tokenizer,
@@ -264,9 +284,18 @@ def tokenize_records(
     template_kwargs: Mapping[str, Any] | None = None,
 ) -> TrainDataset:
     """Tokenize records with the tokenizer's chat template (``template_kwargs`` passed through,
-    e.g. ``enable_thinking``); records with nothing supervised are skipped and counted."""
+    e.g. ``enable_thinking``); records with nothing supervised are skipped and counted.
+
+    Regenerated records that carry their token ids (``prompt_ids`` / ``answer_ids``,
+    :mod:`dspark.data.regenerate`) are used as they are, one sample per turn.
+    """
     samples, skipped = [], 0
     for n, record in enumerate(records):
+        exact = exact_turn_samples(record, max_length=max_length)
+        if exact is not None:
+            samples += exact
+            skipped += not exact
+            continue
         messages = conversation_of(record, where=f"record {n}")
         sample = tokenize_conversation(
             tokenizer, messages, max_length=max_length, template_kwargs=template_kwargs or {}

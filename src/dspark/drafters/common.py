@@ -21,8 +21,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from transformers.activations import ACT2FN
 
+from dspark.drafters.mask import resolve_mask_id
 from dspark.protocols import SamplingParams, SlotFactors
+from dspark.targets.families import layer_shape
 
 # -- dimensions -------------------------------------------------------------------------
 
@@ -33,6 +36,8 @@ class DecoderDims:
 
     ``embed_scale`` and ``logit_softcap`` are the target family's quirks (Gemma): the
     drafter holds the bare embedding matrix and LM head, so it applies them itself.
+    ``qk_norm`` and ``activation`` follow the family too (Qwen3-style defaults when built
+    by hand).
     """
 
     vocab_size: int
@@ -46,6 +51,8 @@ class DecoderDims:
     initializer_range: float = 0.02
     embed_scale: float = 1.0
     logit_softcap: float | None = None
+    qk_norm: bool = True  # per-head q/k RMSNorm in DFlash/DSpark layers: only where the family has it
+    activation: str = "silu"  # the gated MLP's activation, the family's (HF ACT2FN name)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -57,23 +64,23 @@ class DecoderDims:
 
     @classmethod
     def from_target(cls, target) -> DecoderDims:
-        """Dims of ``target`` (a :class:`~dspark.targets.TargetAdapter`)."""
-        cfg = target.config
-        rope = getattr(cfg, "rope_parameters", None) or {}
-        theta = rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
-        num_heads = cfg.num_attention_heads
+        """Dims of ``target`` (a :class:`~dspark.targets.TargetAdapter`), read through its
+        family's row of :mod:`dspark.targets.families` (no Llama field names assumed)."""
+        shape = layer_shape(target.config)
         return cls(
             vocab_size=target.vocab_size,
-            hidden_size=cfg.hidden_size,
-            intermediate_size=cfg.intermediate_size,
-            num_heads=num_heads,
-            num_kv_heads=getattr(cfg, "num_key_value_heads", None) or num_heads,
-            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads,
-            rms_norm_eps=getattr(cfg, "rms_norm_eps", 1e-6),
-            rope_theta=float(theta),
-            initializer_range=getattr(cfg, "initializer_range", 0.02),
+            hidden_size=shape.hidden_size,
+            intermediate_size=shape.intermediate_size,
+            num_heads=shape.num_heads,
+            num_kv_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim,
+            rms_norm_eps=shape.norm_eps,
+            rope_theta=shape.rope_theta,
+            initializer_range=shape.initializer_range,
             embed_scale=target.quirks.embed_scale,
             logit_softcap=target.quirks.final_logit_softcapping,
+            qk_norm=target.quirks.has_qk_norm,
+            activation=target.quirks.activation,
         )
 
 
@@ -183,16 +190,17 @@ def attend_packed_blocks(
 
 
 class SwiGLU(nn.Module):
-    """``down(silu(gate(x)) * up(x))``."""
+    """``down(act(gate(x)) * up(x))``; ``act`` = SiLU (SwiGLU) unless the family uses another."""
 
-    def __init__(self, hidden: int, intermediate: int) -> None:
+    def __init__(self, hidden: int, intermediate: int, activation: str = "silu") -> None:
         super().__init__()
+        self.act = ACT2FN[activation]
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DraftAttention(nn.Module):
@@ -254,7 +262,9 @@ class DraftAttention(nn.Module):
 
 
 class DraftDecoderLayer(nn.Module):
-    """Qwen3-style pre-norm decoder layer with KV injection (paper Eq. 3, SPEC §5.1).
+    """Pre-norm decoder layer with KV injection (paper Eq. 3, SPEC §5.1).
+
+    Qwen3's shape; q/k-norm and the MLP activation as the target family has them.
 
     The context is not run through the layer: its fused features ``H_ctx`` are only
     projected by this layer's ``k_proj``/``v_proj`` (k-norm and RoPE included) and
@@ -264,9 +274,9 @@ class DraftDecoderLayer(nn.Module):
     def __init__(self, dims: DecoderDims) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(dims.hidden_size, dims.rms_norm_eps)
-        self.self_attn = DraftAttention(dims, dims.hidden_size, qk_norm=True)
+        self.self_attn = DraftAttention(dims, dims.hidden_size, qk_norm=dims.qk_norm)
         self.post_attention_layernorm = RMSNorm(dims.hidden_size, dims.rms_norm_eps)
-        self.mlp = SwiGLU(dims.hidden_size, dims.intermediate_size)
+        self.mlp = SwiGLU(dims.hidden_size, dims.intermediate_size, dims.activation)
 
     def context_kv(self, h_ctx: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
         """``W_K H_ctx``, ``W_V H_ctx`` for context ``[B, C, H]``: two ``[B, nkv, C, hd]``."""
@@ -312,10 +322,11 @@ def resolve_target_fields(config, target, *, own_layers: bool = False):
     """``config`` with ``target_layer_ids`` and ``mask_token_id`` filled in from ``target``.
 
     ``None`` means "the target's": its adapter's default feature layers, its tokenizer's
-    mask token. For a drafter about to be trained, given layers must agree with the
-    adapter, whose default forward produces the training features (fail loudly rather
-    than train on the wrong layers). A trained drafter (``own_layers``, from its folder)
-    keeps its own layers, checked to exist: inference passes them to every forward.
+    mask token (:mod:`dspark.drafters.mask` when it has none). For a drafter about to be
+    trained, given layers must agree with the adapter, whose default forward produces
+    the training features (fail loudly rather than train on the wrong layers). A trained
+    drafter (``own_layers``, from its folder) keeps its own layers, checked to exist:
+    inference passes them to every forward.
     """
     changes = {}
     if hasattr(config, "target_layer_ids"):
@@ -330,22 +341,16 @@ def resolve_target_fields(config, target, *, own_layers: bool = False):
                 "build the TargetAdapter with target_layer_ids=... to match"
             )
     if hasattr(config, "mask_token_id"):
-        mask_id = config.mask_token_id
-        if mask_id is None:
-            mask_id = getattr(target.tokenizer, "mask_token_id", None)
-            if mask_id is None:
-                raise ValueError("mask_token_id is not set and the target's tokenizer has no mask token")
-        if not 0 <= mask_id < target.vocab_size:
-            raise ValueError(
-                f"mask_token_id {mask_id} is outside the target vocabulary of {target.vocab_size}"
-            )
-        changes["mask_token_id"] = int(mask_id)
+        changes["mask_token_id"] = resolve_mask_id(config, target)
     return dataclasses.replace(config, **changes)
 
 
 @torch.no_grad()
 def copy_shared_weights(drafter: nn.Module, target) -> None:
-    """Copy the target's embedding and LM head into ``drafter`` and freeze them (SPEC §2)."""
+    """Copy the target's embedding and LM head into ``drafter`` and freeze them (SPEC §2).
+
+    A learned mask embedding starts at the mean embedding row (a neutral input).
+    """
     embedding = target.model.get_input_embeddings().weight
     head = target.model.get_output_embeddings().weight
     for name, source in (("embed_tokens", embedding), ("lm_head", head)):
@@ -354,6 +359,9 @@ def copy_shared_weights(drafter: nn.Module, target) -> None:
             raise ValueError(f"{name} {tuple(param.shape)} != target's {tuple(source.shape)}")
         param.copy_(source)
         param.requires_grad_(False)
+    mask = getattr(drafter, "mask_embedding", None)
+    if mask is not None:
+        mask.copy_(embedding.mean(dim=0))
 
 
 def lm_logits(lm_head: nn.Linear, h: Tensor, softcap: float | None) -> Tensor:
@@ -523,10 +531,18 @@ def assert_states(states, max_len: int, sampling) -> None:
             )
 
 
+def drafter_dims(target, config) -> DecoderDims:
+    """The target's dims with the config's draft-layer choices (``qk_norm``) over the family's."""
+    dims = DecoderDims.from_target(target)
+    if getattr(config, "qk_norm", None) is not None:
+        dims = dataclasses.replace(dims, qk_norm=bool(config.qk_norm))
+    return dims
+
+
 def build_from_target(cls, target, config, *, own_layers: bool = False):
     """``cls(config, dims)`` for ``target``: fields resolved (``own_layers``: see
     :func:`resolve_target_fields`), embedding and LM head copied, on its device."""
     config = resolve_target_fields(config, target, own_layers=own_layers)
-    drafter = cls(config, DecoderDims.from_target(target))
+    drafter = cls(config, drafter_dims(target, config))
     copy_shared_weights(drafter, target)
     return drafter.to(device=target.device, dtype=target.dtype)

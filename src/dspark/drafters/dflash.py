@@ -55,6 +55,10 @@ class DFlashConfig:
     block_size: int = 7  # γ: slots per block = drafts per round
     target_layer_ids: tuple[int, ...] | None = None  # None = the target adapter's
     mask_token_id: int | None = None  # None = the tokenizer's mask token (Qwen3: 151669)
+    mask_embedding: bool = False  # a trainable mask input instead of a token (drafters/mask.py)
+    # q/k-norm in the draft layers. True = DeepSpec's Qwen3 draft layer, the class vLLM and SGLang
+    # load whatever the target; None = as the target family has it (Llama: none), dspark-only.
+    qk_norm: bool | None = True
     objective: ObjectiveConfig = field(default_factory=dflash_objective)
 
     def __post_init__(self) -> None:
@@ -79,14 +83,15 @@ class DFlashBackbone(nn.Module):
         block_size: int,
         target_layer_ids: tuple[int, ...] | None,
         mask_token_id: int | None,
+        mask_embedding: bool = False,
     ) -> None:
         super().__init__()
-        if target_layer_ids is None or mask_token_id is None:
+        if target_layer_ids is None or (mask_token_id is None and not mask_embedding):
             raise ValueError("target_layer_ids and mask_token_id must be set (from_target fills them)")
         self.dims = dims
         self.block_size = block_size
         self.target_layer_ids = tuple(target_layer_ids)
-        self.mask_token_id = int(mask_token_id)
+        self.mask_token_id = None if mask_embedding else int(mask_token_id)
         H, V, L = dims.hidden_size, dims.vocab_size, len(self.target_layer_ids)
         self.embed_tokens = nn.Embedding(V, H)
         self.fc = nn.Linear(L * H, H, bias=False)
@@ -94,6 +99,8 @@ class DFlashBackbone(nn.Module):
         self.layers = nn.ModuleList(DraftDecoderLayer(dims) for _ in range(num_layers))
         self.norm = RMSNorm(H, dims.rms_norm_eps)
         self.lm_head = nn.Linear(H, V, bias=False)
+        # The drafter's own mask input when the tokenizer has no mask token (drafters/mask.py).
+        self.mask_embedding = nn.Parameter(torch.zeros(H)) if mask_embedding else None
         init_weights(self, dims.initializer_range)
         self.embed_tokens.weight.requires_grad_(False)
         self.lm_head.weight.requires_grad_(False)
@@ -121,6 +128,14 @@ class DFlashBackbone(nn.Module):
         ids[..., 0] = anchor_ids
         return ids
 
+    def block_embeddings(self, anchor_ids: Tensor) -> Tensor:
+        """Block inputs ``[..., K, H]``: the anchor's embedding, then the mask input in every slot."""
+        if self.mask_embedding is None:
+            return self.embed(self._block_inputs(anchor_ids))
+        anchor = self.embed(anchor_ids).unsqueeze(-2)  # [..., 1, H]
+        mask = self.mask_embedding.to(anchor.dtype).expand(*anchor_ids.shape, self.block_size - 1, -1)
+        return torch.cat([anchor, mask], dim=-2)  # [..., K, H]
+
     # -- training ----------------------------------------------------------------------------
 
     def block_hidden_train(self, batch: TrainBatch, blocks: PackedBlocks) -> Tensor:
@@ -137,7 +152,7 @@ class DFlashBackbone(nn.Module):
         h_ctx = self.context_features(feats).unsqueeze(0)  # [1, C, H]
         cos_c, sin_c = self._rope(blocks.ctx_positions.unsqueeze(0))  # [1, C, hd]
         anchor_ids = batch.input_ids[blocks.rows, blocks.anchors]  # [N]
-        h = self.embed(self._block_inputs(anchor_ids)).view(1, N * K, H).to(h_ctx.dtype)  # [1, N*K, H]
+        h = self.block_embeddings(anchor_ids).view(1, N * K, H).to(h_ctx.dtype)  # [1, N*K, H]
         cos_q, sin_q = self._rope(blocks.positions.view(1, N * K))  # [1, N*K, hd]
         mask = PackedBlockMask(blocks.context_mask().unsqueeze(0), K, blocks.row_spans())  # [1, N, C]
         for layer in self.layers:
@@ -197,7 +212,7 @@ class DFlashBackbone(nn.Module):
         positions = anchor_pos.unsqueeze(-1) + torch.arange(self.block_size, device=device)  # [R, K]
         cos, sin = self._rope(positions)  # [R, K, hd]
         mask = padded_context_mask(lengths, kv.shape[4], self.block_size, self.block_size)
-        h = self.embed(self._block_inputs(anchors)).to(kv.dtype)  # [R, K, H]
+        h = self.block_embeddings(anchors).to(kv.dtype)  # [R, K, H]
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, kv[i, 0], kv[i, 1], mask)
         return self.norm(h)
@@ -231,6 +246,7 @@ class DFlashDrafter(DFlashBackbone):
             block_size=config.block_size,
             target_layer_ids=config.target_layer_ids,
             mask_token_id=config.mask_token_id,
+            mask_embedding=config.mask_embedding,
         )
         self.config = config
 

@@ -41,6 +41,10 @@ class DSparkConfig:
     block_size: int = 7
     target_layer_ids: tuple[int, ...] | None = None  # None = the target adapter's
     mask_token_id: int | None = None  # None = the tokenizer's mask token (Qwen3: 151669)
+    mask_embedding: bool = False  # a trainable mask input instead of a token (drafters/mask.py)
+    # q/k-norm in the draft layers. True = DeepSpec's Qwen3 draft layer, the class vLLM and SGLang
+    # load whatever the target; None = as the target family has it (Llama: none), dspark-only.
+    qk_norm: bool | None = True
     markov_rank: int = 256  # r
     markov_head_type: str = "vanilla"  # "vanilla" (Markov, Eq. 5) | "rnn" (Eq. 6)
     enable_confidence_head: bool = True
@@ -71,6 +75,7 @@ class DSparkDrafter(DFlashBackbone):
             block_size=config.block_size,
             target_layer_ids=config.target_layer_ids,
             mask_token_id=config.mask_token_id,
+            mask_embedding=config.mask_embedding,
         )
         self.config = config
         r = config.markov_rank

@@ -74,7 +74,7 @@ class Eagle3Layer(nn.Module):
         self.input_layernorm = RMSNorm(H, dims.rms_norm_eps)
         self.self_attn = DraftAttention(dims, 2 * H, qk_norm=False)
         self.post_attention_layernorm = RMSNorm(H, dims.rms_norm_eps)
-        self.mlp = SwiGLU(H, dims.intermediate_size)
+        self.mlp = SwiGLU(H, dims.intermediate_size, dims.activation)
 
     def entry_input(self, emb: Tensor, h: Tensor) -> Tensor:
         """``[input_layernorm(e) ; hidden_norm(h)]``: ``[..., H] x 2 → [..., 2H]``."""

@@ -35,7 +35,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from dspark.drafters.common import DecoderDims, build_from_target, resolve_target_fields
+from dspark.drafters.common import build_from_target, drafter_dims, resolve_target_fields
 from dspark.drafters.folder_checks import (
     SIZE_FIELDS,
     check_config_fields,
@@ -145,7 +145,7 @@ def _check_against_target(raw: dict[str, Any], kind: DrafterKind, target: Target
         validate_layer_ids(ids, target.num_layers)
     except (ValueError, TypeError) as e:
         problems.append(f"target_layer_ids {ids}: {e}")
-    if kind.uses_mask_token:
+    if kind.uses_mask_token and not raw.get("mask_embedding"):
         mask = raw.get("mask_token_id")
         if not isinstance(mask, int) or not 0 <= mask < target.vocab_size:
             problems.append(
@@ -277,7 +277,7 @@ def load_drafter(folder: str | Path, target: TargetAdapter, *, block_size: int |
         shapes,
         raw["num_hidden_layers"],
         lambda: kind.drafter_cls(
-            resolve_target_fields(config, target, own_layers=True), DecoderDims.from_target(target)
+            resolve_target_fields(config, target, own_layers=True), drafter_dims(target, config)
         ),
         folder,
         DrafterLoadError,

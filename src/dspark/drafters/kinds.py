@@ -38,6 +38,8 @@ def _block_fields(
         "num_target_layers": num_target_layers,
         "target_layer_ids": list(config.target_layer_ids),
         "mask_token_id": config.mask_token_id,
+        **({"mask_embedding": True} if config.mask_embedding else {}),
+        "draft_qk_norm": config.qk_norm,  # None: the target family's
         "markov_rank": markov_rank,
         "markov_head_type": head,
         "enable_confidence_head": conf,
@@ -87,6 +89,8 @@ def _dspark_config(raw: dict[str, Any]) -> DSparkConfig:
         block_size=raw["block_size"],
         target_layer_ids=tuple(raw["target_layer_ids"]),
         mask_token_id=raw["mask_token_id"],
+        mask_embedding=bool(raw.get("mask_embedding", False)),
+        qk_norm=raw.get("draft_qk_norm", True),  # folders before the field: Qwen3 layers
         markov_rank=raw.get("markov_rank", 0),
         markov_head_type=raw.get("markov_head_type", "vanilla"),
         enable_confidence_head=raw.get("enable_confidence_head", False),
@@ -101,6 +105,8 @@ def _dflash_config(raw: dict[str, Any]) -> DFlashConfig:
         block_size=raw["block_size"],
         target_layer_ids=tuple(raw["target_layer_ids"]),
         mask_token_id=raw["mask_token_id"],
+        mask_embedding=bool(raw.get("mask_embedding", False)),
+        qk_norm=raw.get("draft_qk_norm", True),  # folders before the field: Qwen3 layers
     )
 
 

@@ -22,6 +22,7 @@ from dspark.data.chat import prompt_ids
 from dspark.data.prompts import Prompt
 from dspark.decoding import speculative_generate
 from dspark.engine import Engine, EngineConfig
+from dspark.errors import PromptTooLongError
 from dspark.protocols import Drafter, SamplingParams
 from dspark.targets import TargetAdapter
 
@@ -52,6 +53,7 @@ class MethodStats:
 class DecodeBenchResult:
     methods: dict[str, MethodStats]
     baseline: str  # method the speedups are relative to
+    skipped: int = 0  # prompts that did not fit the target's context
 
     def speedup(self, method: str) -> float:
         return self.methods[method].tokens_per_s / self.methods[self.baseline].tokens_per_s
@@ -84,10 +86,14 @@ def batch1_engine(
     return Engine(target, drafter, config)
 
 
-def _hf_generate(target: TargetAdapter, ids: list[int], max_tokens: int, **assist) -> list[int]:
-    """HF ``generate``, greedy; ``assist`` = ``prompt_lookup_num_tokens=`` or ``assistant_model=``."""
+def _hf_generate(
+    target: TargetAdapter, ids: list[int], max_tokens: int, temperature: float = 0.0, **assist
+) -> list[int]:
+    """HF ``generate``, greedy or pure sampling at ``temperature`` (no top-k/top-p);
+    ``assist`` = ``prompt_lookup_num_tokens=`` or ``assistant_model=``."""
+    sampled = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
     config = GenerationConfig(
-        do_sample=False,
+        **(sampled if temperature > 0 else {"do_sample": False}),
         max_new_tokens=max_tokens,
         eos_token_id=list(target.eos_token_ids),
         pad_token_id=target.tokenizer.pad_token_id if target.tokenizer else 0,
@@ -108,12 +114,19 @@ def bench_decode(
     hf_prompt_lookup: int = 0,
     hf_assistant=None,
     engines: dict[str, Engine] | None = None,
+    temperature: float = 0.0,
+    seed: int = 0,
+    strict: bool = False,
 ) -> DecodeBenchResult:
     """Decode every prompt greedily with each method; see the module docstring.
 
     ``hf_prompt_lookup > 0`` adds HF's prompt lookup with that many tokens;
     ``hf_assistant`` (a causal LM with the target's tokenizer) adds HF assisted generation.
     ``engines`` adds methods decoded by those engines (see :func:`batch1_engine`).
+    ``temperature > 0`` samples (every method at that temperature, ours seeded per
+    prompt); outputs then differ between methods and only the speeds compare.
+    Prompts whose ids plus ``max_tokens`` do not fit the target's context are skipped
+    and counted in ``result.skipped`` (``strict``: an error instead).
     """
     engines = engines or {}
     hf_assist = {}
@@ -123,13 +136,24 @@ def bench_decode(
         hf_assist[HF_ASSISTED] = {"assistant_model": hf_assistant}
     names = ([HF_METHOD] if include_hf else []) + list(hf_assist) + list(drafters) + list(engines)
     stats = {name: MethodStats() for name in names}
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    for prompt in tqdm(prompts, desc="decode bench", unit="prompt"):
+    skipped = 0
+    for i, prompt in enumerate(tqdm(prompts, desc="decode bench", unit="prompt")):
         ids = prompt_ids(target.tokenizer, prompt)
+        if len(ids) + max_tokens > target.max_context:
+            if strict:
+                raise PromptTooLongError(
+                    f"{prompt.source}: {len(ids)} prompt tokens + {max_tokens} new ones exceed the "
+                    f"target's context of {target.max_context}"
+                )
+            skipped += 1
+            continue
+        params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed + i)
         for name in names:
             started = time.perf_counter()
             if name == HF_METHOD or name in hf_assist:
-                out, rounds, accepted = _hf_generate(target, ids, max_tokens, **hf_assist.get(name, {})), 0, 0
+                torch.manual_seed(seed + i)
+                out = _hf_generate(target, ids, max_tokens, temperature, **hf_assist.get(name, {}))
+                rounds, accepted = 0, 0
             else:
                 if name in engines:
                     result = engines[name].generate([ids], params)[0]
@@ -143,7 +167,7 @@ def bench_decode(
             s.rounds += rounds
             s.accepted += accepted
             s.outputs.append(out)
-    return DecodeBenchResult(stats, baseline or names[0])
+    return DecodeBenchResult(stats, baseline or names[0], skipped)
 
 
 def verify_cost_ratio(target: TargetAdapter, *, context: int = 256, k: int = 8, repeats: int = 30) -> float:

@@ -61,6 +61,7 @@ def result_json(result: EvalResult, meta: Mapping[str, Any] | None = None) -> di
             "config": config,
             "conditions": result.conditions.as_dict() if result.conditions else None,
             "rows": [dataclasses.asdict(r) for r in result.rows],
+            "skipped_prompts": dict(result.skipped),  # benchmark -> prompts that did not fit the context
             "domains": [dataclasses.asdict(d) for d in result.domains],
             "thresholds": [
                 {"drafter": t.drafter, "domain": t.domain, **dataclasses.asdict(t.sweep)}

@@ -16,6 +16,7 @@ engine's and greedy answers are those of the batch-1 reference loop.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -55,6 +56,7 @@ class EvalConfig:
     baseline: bool = True  # also decode with the plain target (for the speedup)
     template_kwargs: Mapping = field(default_factory=dict)  # passed to the chat template (SPEC §7.4)
     progress: bool = True
+    strict: bool = False  # a prompt that does not fit the context is an error instead of skipped
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,7 @@ class EvalResult:
     # (drafter, benchmark) -> rounds with confidences, for drafters that report them.
     confidence_rounds: dict[tuple[str, str], ConfidenceRounds] = field(default_factory=dict)
     conditions: RunConditions | None = None  # threads, dtype, load while the speeds were measured
+    skipped: dict[str, int] = field(default_factory=dict)  # benchmark -> prompts that did not fit
 
     def row(self, drafter: str, benchmark: str) -> EvalRow:
         return next(r for r in self.rows if r.drafter == drafter and r.benchmark == benchmark)
@@ -180,16 +183,34 @@ def _answer(
         messages.append({"role": "assistant", "content": result.text})
 
 
-def check_prompts_fit(target: TargetAdapter, benchmarks: Sequence[Benchmark], config: EvalConfig) -> None:
-    """Refuse, before any decoding, a first turn that leaves no room in the target's context."""
+def fitting_prompts(
+    target: TargetAdapter, benchmarks: Sequence[Benchmark], config: EvalConfig
+) -> tuple[list[Benchmark], dict[str, int]]:
+    """The benchmarks without prompts whose first turn leaves no room in the target's context,
+    and how many each lost; with ``config.strict`` such a prompt is an error instead."""
+    kept, skipped = [], {}
     for bench in benchmarks:
+        fit = []
         for prompt in bench.prompts:
             n = len(chat_prompt_ids(target.tokenizer, first_turn_messages(prompt), config.template_kwargs))
-            if n + 1 > target.max_context:
+            if n + 1 <= target.max_context:
+                fit.append(prompt)
+            elif config.strict:
                 raise DsparkError(
-                    f"{prompt.source}: the prompt has {n} tokens; "
-                    f"the target's context is {target.max_context}"
+                    f"{prompt.source}: the prompt has {n} tokens; the target's context is "
+                    f"{target.max_context} (without --strict such prompts are skipped and counted)"
                 )
+        if len(fit) < len(bench.prompts):
+            skipped[bench.name] = len(bench.prompts) - len(fit)
+            log.warning(
+                "%s: skipped %d of %d prompts that do not fit the target's context of %d tokens",
+                bench.name, skipped[bench.name], len(bench.prompts), target.max_context,
+            )  # fmt: skip
+        if fit:
+            kept.append(dataclasses.replace(bench, prompts=tuple(fit)))
+    if not kept:
+        raise DsparkError(f"no prompt fits the target's context of {target.max_context} tokens")
+    return kept, skipped
 
 
 # -- summaries ---------------------------------------------------------------------------------
@@ -267,7 +288,7 @@ def run_eval(
     """Decode every benchmark with every drafter (and the plain target); see the module docstring."""
     if not drafters:
         raise DsparkError("no drafters to evaluate")
-    check_prompts_fit(target, benchmarks, config)
+    benchmarks, skipped = fitting_prompts(target, benchmarks, config)
     methods: dict[str, Drafter | None] = dict(drafters)
     if config.baseline and PLAIN not in methods:
         methods = {PLAIN: None, **methods}
@@ -304,4 +325,5 @@ def run_eval(
         thresholds=_threshold_rows(confidence, benchmarks),
         confidence_rounds=confidence,
         conditions=conditions.ended(),
+        skipped=skipped,
     )

@@ -7,6 +7,7 @@ from importlib import resources
 from pathlib import Path
 
 from dspark.errors import DsparkError
+from dspark.targets.smollm2 import SMOLLM2_NAME, ensure_smollm2
 
 TINY_TARGET_NAME = "tiny"
 PROMPT_DOMAINS = ("math", "code", "chat")
@@ -30,9 +31,12 @@ def tiny_target_dir() -> Path:
 
 
 def resolve_target(name_or_path: str | None) -> str:
-    """``None`` or ``"tiny"`` → the embedded target; anything else is a path or hub id."""
+    """``None`` or ``"tiny"`` → the embedded target; ``"smollm2"`` → SmolLM2-135M-Instruct
+    (fetched and converted on first use); anything else is a path or hub id."""
     if name_or_path in (None, "", TINY_TARGET_NAME):
         return str(tiny_target_dir())
+    if name_or_path == SMOLLM2_NAME:
+        return str(ensure_smollm2())
     return name_or_path
 
 

@@ -5,6 +5,7 @@ from dspark.targets.adapter import (
     TargetLoadError,
     TargetOutput,
     default_layer_ids,
+    parse_layer_ids,
     validate_layer_ids,
 )
 from dspark.targets.cache import TargetCache
@@ -17,6 +18,7 @@ __all__ = [
     "TargetLoadError",
     "TargetOutput",
     "default_layer_ids",
+    "parse_layer_ids",
     "quirks_for",
     "validate_layer_ids",
 ]

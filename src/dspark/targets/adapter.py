@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from dspark.errors import DsparkError
 from dspark.targets.cache import TargetCache
-from dspark.targets.families import FamilyQuirks, quirks_for
+from dspark.targets.families import FamilyLayout, FamilyQuirks, layout_for, module_at, quirks_for
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,11 @@ def default_layer_ids(num_layers: int) -> tuple[int, ...]:
 
 
 def validate_layer_ids(layer_ids, num_layers: int) -> tuple[int, ...]:
-    """Check user-given feature layer ids: distinct, in ``[-1, num_layers - 2]``."""
+    """Check feature layer ids: distinct, in ``[-1, num_layers - 2]`` (``()``: no features).
+
+    Any order loads (a folder says which layers it fuses, in its order); new drafters
+    get ascending ids (:func:`parse_layer_ids`), the order the engines concatenate in.
+    """
     ids = tuple(int(i) for i in layer_ids)
     bad = [i for i in ids if not EMBEDDING_LAYER_ID <= i <= num_layers - 2]
     if bad:
@@ -68,6 +72,31 @@ def validate_layer_ids(layer_ids, num_layers: int) -> tuple[int, ...]:
     if len(set(ids)) != len(ids):
         raise ValueError(f"target_layer_ids has duplicates: {ids}")
     return ids
+
+
+def check_new_layer_ids(layer_ids, num_layers: int) -> tuple[int, ...]:
+    """Layer ids for a new drafter: :func:`validate_layer_ids`, and ascending (the order
+    vLLM and SGLang concatenate the target's layers in). Raises ``ValueError``."""
+    ids = validate_layer_ids(layer_ids, num_layers)
+    if not ids:
+        raise ValueError("target_layer_ids is empty: a feature-conditioned drafter reads at least one layer")
+    if list(ids) != sorted(ids):
+        raise ValueError(f"target_layer_ids must be ascending, got {list(ids)}")
+    return ids
+
+
+def parse_layer_ids(text: str, num_layers: int) -> tuple[int, ...]:
+    """``"1,9,17"`` → ``(1, 9, 17)``, checked for a new drafter on ``num_layers``; a one-line error else."""
+    try:
+        ids = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise DsparkError(
+            f"--target-layers {text!r}: expected comma-separated integers like 1,9,17"
+        ) from None
+    try:
+        return check_new_layer_ids(ids, num_layers)
+    except ValueError as e:
+        raise DsparkError(f"--target-layers {text!r}: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -84,8 +113,8 @@ class TargetAdapter:
     """A frozen HF causal LM behind the interface of SPEC §4.
 
     Works on the model's own modules (embedding, decoder layers, final norm, LM head)
-    found through HF's generic accessors, so any Llama-shaped causal LM fits; what
-    differs between families is data in :mod:`dspark.targets.families`.
+    at the paths its family's row of :mod:`dspark.targets.families` gives; an
+    unsupported model type is a one-line :class:`~dspark.errors.UnsupportedTargetError`.
     """
 
     def __init__(self, model: PreTrainedModel, tokenizer=None, *, target_layer_ids=None) -> None:
@@ -94,12 +123,13 @@ class TargetAdapter:
         self.tokenizer = tokenizer
         self.config = model.config.get_text_config()
         self.quirks: FamilyQuirks = quirks_for(self.config)
-
-        self._decoder = model.get_decoder()  # the base model: embeddings, layers, norm
-        self._layers: nn.ModuleList = self._decoder.layers
-        self._norm: nn.Module = self._decoder.norm
-        self._embedding: nn.Module = model.get_input_embeddings()
-        self._head: nn.Module = model.get_output_embeddings()
+        # Where the pieces live is table data (families.py), never guessed.
+        self.layout: FamilyLayout = layout_for(self.config)
+        self._decoder = module_at(model, self.layout.decoder)  # the base model: embeddings, layers, norm
+        self._layers: nn.ModuleList = module_at(model, self.layout.layers)
+        self._norm: nn.Module = module_at(model, self.layout.final_norm)
+        self._embedding: nn.Module = module_at(model, self.layout.embedding)
+        self._head: nn.Module = module_at(model, self.layout.lm_head)
         # transformers 5.x renamed the cache kwarg ``past_key_values`` -> ``cache``.
         params = inspect.signature(self._decoder.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"

@@ -362,21 +362,34 @@ def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: obj}
 
 
-def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """``"field: saved -> current"`` for every dotted field that differs (compared as JSON)."""
+def config_differences(
+    saved: Mapping[str, Any], current: Mapping[str, Any], defaults: Mapping[str, Any] | None = None
+) -> list[str]:
+    """``"field: saved -> current"`` for every dotted field that differs (compared as JSON).
+
+    A field the saved identity lacks is no difference when its current value is its
+    default in ``defaults`` (dotted too): a field added by a newer dspark, left at the
+    default that keeps the old computation, does not block resuming an older run.
+    """
     a = _flatten(json.loads(json.dumps(saved)))
     b = _flatten(json.loads(json.dumps(current)))
+    d = _flatten(json.loads(json.dumps(defaults or {})))
     missing = object()
     return [
         f"{k}: {a.get(k, missing)!r} -> {b.get(k, missing)!r}".replace(repr(missing), "(absent)")
         for k in sorted(a.keys() | b.keys())
-        if a.get(k, missing) != b.get(k, missing)
+        if a.get(k, missing) != b.get(k, missing) and not (k not in a and k in d and b.get(k) == d[k])
     ]
 
 
-def check_resumable(folder: Path, saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
+def check_resumable(
+    folder: Path,
+    saved: Mapping[str, Any],
+    current: Mapping[str, Any],
+    defaults: Mapping[str, Any] | None = None,
+) -> None:
     """Refuse to resume when the run's identity (configs, data, target) changed, naming the fields."""
-    diffs = config_differences(saved, current)
+    diffs = config_differences(saved, current, defaults)
     if diffs:
         raise ConfigMismatchError(
             f"cannot resume from {folder}: the configuration changed ({'; '.join(diffs)}). "

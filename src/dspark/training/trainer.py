@@ -219,6 +219,22 @@ def _run_identity(cfg: TrainConfig, target, drafter: nn.Module, dataset: TrainDa
     }
 
 
+def _field_defaults(config_cls) -> dict[str, Any]:
+    """Each field's default (``default_factory`` called), for fields that have one."""
+    out = {}
+    for f in dataclasses.fields(config_cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
+
+
+def _identity_defaults(drafter: nn.Module) -> dict[str, Any]:
+    """Defaults of the identity's config fields: fields added after a run started may take them."""
+    return {"train": _field_defaults(TrainConfig), "drafter": _field_defaults(type(drafter.config))}
+
+
 def _pad_id(target) -> int:
     tok = getattr(target, "tokenizer", None)
     for attr in ("pad_token_id", "eos_token_id"):
@@ -405,7 +421,9 @@ class Trainer:
     def resume(self, folder: Path) -> int:
         """Load a checkpoint into this freshly built run; returns its step. Every rank reads the folder."""
         ckpt = load_checkpoint(folder)
-        check_resumable(folder, ckpt.trainer_state["identity"], self.identity)
+        check_resumable(
+            folder, ckpt.trainer_state["identity"], self.identity, _as_json(_identity_defaults(self.drafter))
+        )
         distributed.load_full_state(
             self.model,
             self.optimizer,

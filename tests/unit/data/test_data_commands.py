@@ -160,7 +160,7 @@ def test_regenerate_then_cache_then_estimate(capsys, tmp_path, target_dir):
     assert code == 0, stdout
     manifest = FeatureCache.open(cache).manifest
     assert manifest["template"]["template_kwargs"] == {"enable_thinking": False}
-    assert manifest["data"]["num_samples"] == 3
+    assert manifest["data"]["num_samples"] == 6  # token-faithful records: one sample per turn (3 x 2)
     code, _, err = _run(capsys, *args)
     assert code == 2 and "already holds a feature cache" in err
 

@@ -84,6 +84,7 @@ def test_turns_are_replayed_with_the_targets_own_answers(tmp_path):
         "sampling": {"temperature": 0.7, "top_p": 1.0, "top_k": 0, "max_tokens": 5, "stop": [], "seed": seed},
         "template_kwargs": {"enable_thinking": False},
         "backend": "scripted",
+        "token_ids": "text-only",  # the scripted backend gives text only
     }
 
 

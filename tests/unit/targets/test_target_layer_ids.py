@@ -29,7 +29,17 @@ def test_defaults_are_valid_and_spread(num_layers):
 
 
 def test_user_ids_may_include_embeddings_and_any_order():
-    assert validate_layer_ids([-1, 5, 2], 8) == (-1, 5, 2)
+    assert validate_layer_ids([-1, 5, 2], 8) == (-1, 5, 2)  # a folder's own order loads
+
+
+def test_new_drafters_get_ascending_non_empty_ids():
+    from dspark.errors import DsparkError
+    from dspark.targets import parse_layer_ids
+
+    assert parse_layer_ids("1,9,17", 30) == (1, 9, 17)
+    for bad, why in (("5,2", "ascending"), ("", "empty"), ("1,29", "out of range"), ("a", "integers")):
+        with pytest.raises(DsparkError, match=why):
+            parse_layer_ids(bad, 30)
 
 
 @pytest.mark.parametrize("bad", [(7,), (-2,), (8,), (1, 1)])

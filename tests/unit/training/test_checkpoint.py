@@ -151,3 +151,22 @@ def test_config_differences_name_every_changed_field(tmp_path):
     ck.check_resumable(tmp_path, saved, saved)
     with pytest.raises(ck.ConfigMismatchError, match=r"train\.lr: 0\.1 -> 0\.2"):
         ck.check_resumable(tmp_path, saved, current)
+
+
+def test_a_field_added_later_at_its_default_does_not_block_resuming():
+    from dspark.training.checkpoint import config_differences
+
+    saved = {"train": {"lr": 1e-3}, "drafter": {"num_layers": 2}}
+    current = {"train": {"lr": 1e-3, "new_flag": True}, "drafter": {"num_layers": 2, "qk_norm": True}}
+    defaults = {"train": {"new_flag": True, "lr": 6e-4}, "drafter": {"qk_norm": True}}
+    assert config_differences(saved, current, defaults) == []
+    # not at its default, or not declared: the change is named
+    assert config_differences(saved, current | {"train": {"lr": 1e-3, "new_flag": False}}, defaults) == [
+        "train.new_flag: (absent) -> False"
+    ]
+    assert config_differences(saved, current) == [
+        "drafter.qk_norm: (absent) -> True",
+        "train.new_flag: (absent) -> True",
+    ]
+    # a field the saved run had keeps being compared, defaults or not
+    assert config_differences(saved | {"train": {"lr": 1e-2}}, current, defaults)[0].startswith("train.lr")

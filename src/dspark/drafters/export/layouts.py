@@ -126,14 +126,14 @@ def draft_layer_fields(config: dict[str, Any], drafter, num_layers: int) -> dict
     out.update(
         num_hidden_layers=num_layers,
         layer_types=["full_attention"] * num_layers,
-        hidden_act="silu",
+        hidden_act=drafter.dims.activation,
         rope_parameters={"rope_type": "default", "rope_theta": theta},
         rope_theta=theta,
         # The file holds its own lm_head.weight; a tied config would make a loader skip it.
         tie_word_embeddings=False,
     )
     if "hidden_activation" in out:  # Gemma's name for it
-        out["hidden_activation"] = "silu"
+        out["hidden_activation"] = drafter.dims.activation
     return out
 
 
@@ -163,12 +163,33 @@ def _midlayer(state: dict[str, Tensor]) -> dict[str, Tensor]:
     }
 
 
+def _check_draft_layers(engine: str, fmt: str, inp: ExportInput) -> None:
+    """The engines' block drafters have Qwen3 layers (q/k-norm, SiLU) and read ``mask_token_id``."""
+    dims = inp.drafter.dims
+    if inp.config.get("mask_embedding"):
+        raise refuse(
+            engine,
+            fmt,
+            "this drafter learned its own mask embedding (its target's tokenizer has no mask token) and the "
+            "engine needs a mask_token_id; retrain it with --mask-token TOKEN, or use --format hf",
+        )
+    if not dims.qk_norm or dims.activation != "silu":
+        raise refuse(
+            engine,
+            fmt,
+            f"its draft class has Qwen3 layers (q/k-norm, SiLU), and this drafter's follow the "
+            f"{inp.config.get('model_type')} target (q/k-norm {dims.qk_norm}, {dims.activation}); "
+            "train it with qk_norm=True (preset field) on a SiLU family, or use --format hf",
+        )
+
+
 def _engine_checks(engine: str, fmt: str, inp: ExportInput) -> list[int]:
     _check_family(engine, fmt, inp)
     ids = list(inp.config["target_layer_ids"])
     _check_ascending(engine, fmt, ids)
     if inp.kind.uses_mask_token:
         _check_block_heads(engine, fmt, inp)
+        _check_draft_layers(engine, fmt, inp)
     return ids
 
 
@@ -187,7 +208,10 @@ def hf_layout(inp: ExportInput) -> Layout:
         _check_ascending("DeepSpec/vLLM", "hf", list(inp.config["target_layer_ids"]))
         config = _deepspec_fields(inp)
         dims = inp.drafter.dims
-        if dims.embed_scale != 1.0 or dims.logit_softcap is not None:
+        quirks = dims.embed_scale != 1.0 or dims.logit_softcap is not None
+        # No mask token (learned mask input) or non-Qwen3 draft layers: DeepSpec would misload it.
+        own_layers = inp.config.get("mask_embedding") or not dims.qk_norm or dims.activation != "silu"
+        if quirks or own_layers:
             config["architectures"] = [OWN_ARCHITECTURE]
         return Layout(config=config, state=inp.state)
     return Layout(config=draft_layer_fields(inp.config, inp.drafter, 1), state=inp.state)
