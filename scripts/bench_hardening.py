@@ -83,7 +83,9 @@ def bench_server() -> dict:
         client = httpx.Client(timeout=300)
         chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
         hostile_template = {**chat, "chat_template_kwargs": {"chat_template": LOOP}}
-        big = json.dumps({"prompt": "The quick brown fox jumps over the lazy dog. " * 222_222, "max_tokens": 4})
+        big = json.dumps(
+            {"prompt": "The quick brown fox jumps over the lazy dog. " * 222_222, "max_tokens": 4}
+        )
         headers = {"content-type": "application/json"}
 
         def timed(fn):

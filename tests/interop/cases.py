@@ -26,7 +26,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from dspark.drafters.common import rope_cos_sin
+from dspark.drafters.attention import rope_cos_sin
 from dspark.drafters.dflash import DFlashConfig, DFlashDrafter
 from dspark.drafters.dspark import DSparkConfig, DSparkDrafter
 from dspark.drafters.eagle3 import Eagle3Config, Eagle3Drafter

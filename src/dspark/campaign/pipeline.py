@@ -80,6 +80,17 @@ def corpus_prompts(limit: int | None):
     return prompts[:limit] if limit else prompts
 
 
+def training_prompts(plan: CampaignPlan):
+    """The prompts the target answers to make its training data."""
+    if plan.prompt_source == "tiny-corpus":
+        return corpus_prompts(plan.prompts)
+    if plan.prompt_source == "synthetic":
+        from dspark.campaign.prompts import synthetic_prompts
+
+        return synthetic_prompts(plan.prompts or 3000, plan.seed)
+    raise DsparkError(f"unknown prompt source {plan.prompt_source!r} (tiny-corpus or synthetic)")
+
+
 class Campaign:
     """One target's campaign: the plan, its folder, the loaded target and the stages."""
 
@@ -89,8 +100,6 @@ class Campaign:
         from dspark.presets.tiny import resolve_target
         from dspark.targets import TargetAdapter
 
-        if plan.target != "tiny":
-            raise DsparkError(f"no training prompts are defined for target {plan.target!r} yet (only tiny)")
         self.plan, self.out, self.progress = plan, out, progress
         self.stages = Stages(out, announce=announce)
         source = Path(resolve_target(plan.target))
@@ -103,7 +112,9 @@ class Campaign:
         p = self.plan
         key = {"target": self.target_id} | p.part(
             "prompts", "regen_max_tokens", "regen_temperature", "max_length", "seed"
-        )
+        )  # fmt: skip
+        if p.prompt_source != "tiny-corpus":  # keys of earlier tiny campaigns stay valid
+            key["prompt_source"] = p.prompt_source
         answers = self.out / "data" / "answers.jsonl"
         errors = answers.with_name("answers.errors.jsonl")
 
@@ -111,7 +122,7 @@ class Campaign:
             from dspark.data.regenerate import InProcessBackend, RegenerateConfig, regenerate
             from dspark.protocols import SamplingParams
 
-            prompts = corpus_prompts(p.prompts)
+            prompts = training_prompts(p)
             params = SamplingParams(
                 temperature=p.regen_temperature, max_tokens=p.regen_max_tokens, seed=p.seed
             )

@@ -15,6 +15,7 @@ class CampaignPlan:
 
     target: str  # a target name of dspark.presets (tiny, smollm2) or a model folder
     presets: tuple[str, ...]  # drafter preset functions, one per method of METHODS
+    prompt_source: str = "tiny-corpus"  # tiny-corpus (the target's own) | synthetic (campaign/prompts.py)
     # regenerate: the target answers its training prompts (its own distribution, SPEC §7)
     prompts: int | None = None  # None = all
     regen_max_tokens: int = 256
@@ -53,4 +54,13 @@ class CampaignPlan:
 
 PLANS: dict[str, CampaignPlan] = {
     "tiny": CampaignPlan(target="tiny", presets=("dflash_tiny", "dspark_tiny", "eagle3_tiny")),
+    # Not run yet (issue 16's second half): prompts composed offline, never the benchmark sets.
+    "smollm2": CampaignPlan(
+        target="smollm2",
+        presets=("dflash_smollm2", "dspark_smollm2", "eagle3_smollm2"),
+        prompt_source="synthetic",
+        prompts=3000,
+        max_length=768,
+        regen_batch=8,
+    ),
 }

@@ -1,13 +1,15 @@
 """Layers and helpers shared by the feature-conditioned drafters (SPEC §5).
 
 - :class:`DecoderDims`: the shape of a draft decoder layer, read from the target config;
-- RoPE, RMSNorm, SwiGLU, attention with an explicit boolean mask (SDPA);
+- RMSNorm, SwiGLU (RoPE and attention are in :mod:`dspark.drafters.attention`);
 - :class:`DraftAttention` / :class:`DraftDecoderLayer`: a Qwen3-style pre-norm layer with
   **KV injection** (paper Eq. 3): keys/values ``[W_K H_ctx ; W_K H_d]``, queries from the
   draft block only;
-- :class:`ContextKV`: a per-request, growable cache of context keys/values;
 - the glue every drafter needs: resolving config fields against the target, copying the
-  frozen embedding and LM head, per-request generators and sampling.
+  frozen embedding and LM head, the slots' logits as factors for the loss.
+
+Per-request state (context K/V caches, generators, sampling) is in
+:mod:`dspark.drafters.request_state`.
 
 Module attribute names follow the DeepSpec checkpoint layout (SPEC §5.4), so a drafter's
 ``state_dict()`` has the released key names without any renaming.
@@ -19,12 +21,12 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers.activations import ACT2FN
 
+from dspark.drafters.attention import PackedBlockMask, apply_rope, attend, attend_packed_blocks
 from dspark.drafters.mask import resolve_mask_id
-from dspark.protocols import SamplingParams, SlotFactors
+from dspark.protocols import SlotFactors
 from dspark.targets.families import layer_shape
 
 # -- dimensions -------------------------------------------------------------------------
@@ -99,94 +101,6 @@ class RMSNorm(nn.Module):
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
-
-
-def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
-    """Rotary tables for integer ``positions [B, T]`` → cos, sin ``[B, T, head_dim]`` (fp32)."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
-    angles = positions.float().unsqueeze(-1) * inv_freq  # [B, T, hd/2]
-    angles = torch.cat([angles, angles], dim=-1)  # [B, T, hd]
-    return angles.cos(), angles.sin()
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate ``x [B, n, T, hd]`` by the tables ``[B, T, hd]`` (rotate-half convention, as HF)."""
-    cos, sin = cos.unsqueeze(1).to(x.dtype), sin.unsqueeze(1).to(x.dtype)  # [B, 1, T, hd]
-    x1, x2 = x.chunk(2, dim=-1)
-    rotated = torch.cat([-x2, x1], dim=-1)  # [B, n, T, hd]
-    return x * cos + rotated * sin
-
-
-def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-    """Scaled dot-product attention with grouped KV heads.
-
-    q ``[B, nh, Tq, hd]``; k, v ``[B, nkv, Tk, hd]``; mask ``[B, 1, Tq, Tk]`` bool
-    (True = attend) or None (attend everywhere). Returns ``[B, nh, Tq, hd]``.
-    """
-    groups = q.shape[1] // k.shape[1]
-    if groups > 1:
-        k = k.repeat_interleave(groups, dim=1)  # [B, nh, Tk, hd]
-        v = v.repeat_interleave(groups, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-
-
-@dataclass(frozen=True)
-class PackedBlockMask:
-    """Who sees what when N blocks of K slots are packed into one sequence of N*K queries.
-
-    ``context [B, N, C]`` bool: block n sees context entry c. Inside its block a slot sees
-    every slot (bidirectional, SPEC §5.1); it never sees another block. ``spans`` (from
-    :meth:`~dspark.drafters.blocks.PackedBlocks.row_spans`) lists ``(n0, n1, c0, c1)``:
-    blocks ``n0:n1`` can only see context ``c0:c1`` (their batch row), so the scores
-    outside those rectangles are never computed. ``prefix`` holds keys/values of earlier
-    entries of each block that all its queries also see (Eagle3's chain so far).
-    """
-
-    context: Tensor  # [B, N, C] bool
-    block_size: int  # queries per block
-    spans: tuple[tuple[int, int, int, int], ...] | None = None
-    prefix: tuple[Tensor, Tensor] | None = None  # keys, values [B, nkv, N, P, hd]
-
-
-def attend_packed_blocks(
-    q: Tensor, ctx_k: Tensor, ctx_v: Tensor, k: Tensor, v: Tensor, mask: PackedBlockMask
-) -> Tensor:
-    """Attention of packed blocks over their visible context and their own block only.
-
-    q ``[B, nh, N*K, hd]``; ctx_k/ctx_v ``[B, nkv, C, hd]``; k/v ``[B, nkv, N*K, hd]`` (the
-    blocks' own, after ``mask.prefix`` if given). Equal to SDPA over ``[ctx ; every block]`` with
-    :func:`~dspark.drafters.blocks.block_attention_mask`, but scores only each block's own
-    row of context and its own K slots: ``Σ_rows N_r*K*(C_r + K)`` scores instead of
-    ``N*K*(C + N*K)``. The softmax runs over the context and own-block scores together.
-    """
-    B, nh, Q, hd = q.shape
-    K = mask.block_size
-    N, C = Q // K, ctx_k.shape[2]
-    assert Q == N * K and mask.context.shape == (B, N, C), f"{tuple(mask.context.shape)} vs {(B, N, C)}"
-    nkv = ctx_k.shape[1]
-    k_own, v_own = k.view(B, nkv, N, K, hd), v.view(B, nkv, N, K, hd)
-    if mask.prefix is not None:
-        k_own, v_own = (
-            torch.cat([p, x], dim=3) for p, x in zip(mask.prefix, (k_own, v_own))
-        )  # [B, nkv, N, P+K, hd]
-    groups = nh // nkv
-    if groups > 1:
-        ctx_k, ctx_v, k_own, v_own = (
-            x.repeat_interleave(groups, dim=1) for x in (ctx_k, ctx_v, k_own, v_own)
-        )
-    q = q * hd**-0.5
-    s_own = q.view(B, nh, N, K, hd) @ k_own.transpose(-1, -2)  # [B, nh, N, K, P+K]
-    outs = []
-    for n0, n1, c0, c1 in mask.spans or ((0, N, 0, C),):
-        n, c = n1 - n0, c1 - c0
-        s_ctx = q[:, :, n0 * K : n1 * K] @ ctx_k[:, :, c0:c1].transpose(-1, -2)  # [B, nh, n*K, c]
-        s_ctx = s_ctx.view(B, nh, n, K, c).masked_fill(
-            ~mask.context[:, n0:n1, c0:c1].view(B, 1, n, 1, c), -torch.inf
-        )
-        p = torch.softmax(torch.cat([s_ctx, s_own[:, :, n0:n1]], dim=-1).float(), dim=-1).to(q.dtype)
-        out = p[..., :c].reshape(B, nh, n * K, c) @ ctx_v[:, :, c0:c1]  # [B, nh, n*K, hd]
-        outs.append(out + (p[..., c:] @ v_own[:, :, n0:n1]).reshape(B, nh, n * K, hd))
-    return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
 
 class SwiGLU(nn.Module):
@@ -408,127 +322,10 @@ def slot_factors(
     )
 
 
-# -- inference state ------------------------------------------------------------------------
-
-
-class ContextKV:
-    """Keys/values of one request's context for every draft layer, grown in place.
-
-    Holds ``[n_layers, 2, nkv, capacity, hd]`` and doubles the capacity when full, so
-    absorbing a round's few new tokens never copies the whole context.
-    """
-
-    def __init__(self, n_layers: int, num_kv_heads: int, head_dim: int, *, dtype, device) -> None:
-        self.buf = torch.zeros(n_layers, 2, num_kv_heads, 64, head_dim, dtype=dtype, device=device)
-        self.length = 0
-
-    def append(self, kv: Tensor) -> None:
-        """Append ``kv [n_layers, 2, nkv, n, hd]`` for n new context entries."""
-        n = kv.shape[3]
-        need = self.length + n
-        if need > self.buf.shape[3]:
-            capacity = max(need, 2 * self.buf.shape[3])
-            grown = self.buf.new_zeros(*self.buf.shape[:3], capacity, self.buf.shape[4])
-            grown[..., : self.length, :] = self.buf[..., : self.length, :]
-            self.buf = grown
-        self.buf[..., self.length : need, :] = kv
-        self.length = need
-
-    def view(self) -> Tensor:
-        """``[n_layers, 2, nkv, C, hd]`` for the C entries held."""
-        return self.buf[..., : self.length, :]
-
-
-@dataclass
-class DrafterCache:
-    """What a feature-conditioned drafter keeps per request in ``state.drafter_cache``."""
-
-    context: ContextKV  # keys/values of the committed context, never of drafts
-    generator: torch.Generator | None  # seeded from SamplingParams.seed, else None
-
-
-def request_cache(
-    state, params: SamplingParams, num_layers: int, dims: DecoderDims, like: Tensor
-) -> DrafterCache:
-    """``state.drafter_cache``, created on a request's first proposal: empty context K/V for
-    ``num_layers`` draft layers (dtype and device of ``like``) and the request's generator."""
-    if state.drafter_cache is None:
-        context = ContextKV(
-            num_layers, dims.num_kv_heads, dims.head_dim, dtype=like.dtype, device=like.device
-        )
-        state.drafter_cache = DrafterCache(context=context, generator=request_generator(params, like.device))
-    return state.drafter_cache
-
-
 def scaled_embedding(embed_tokens: nn.Embedding, ids: Tensor, dims: DecoderDims) -> Tensor:
     """Token embeddings ``[...] → [..., H]``, scaled like the target's (Gemma's √H)."""
     e = embed_tokens(ids)
     return e * dims.embed_scale if dims.embed_scale != 1.0 else e
-
-
-def batch_context(caches: list[ContextKV]) -> tuple[Tensor, Tensor]:
-    """R requests' context K/V right-padded, ``[n_layers, 2, R, nkv, Cmax, hd]``, and lengths ``[R]``."""
-    views = [c.view() for c in caches]
-    if len(views) == 1:
-        return views[0].unsqueeze(2), torch.tensor([caches[0].length], device=views[0].device)
-    n_layers, _, nkv, _, hd = views[0].shape
-    c_max = max(c.length for c in caches)
-    out = views[0].new_zeros(n_layers, 2, len(views), nkv, c_max, hd)
-    for r, v in enumerate(views):
-        out[:, :, r, :, : v.shape[3]] = v
-    return out, torch.tensor([c.length for c in caches], device=out.device)
-
-
-def padded_context_mask(lengths: Tensor, c_max: int, num_queries: int, num_own: int) -> Tensor | None:
-    """``[R, 1, Tq, Cmax + own]`` bool: real context entries and all own keys; None if no padding."""
-    if bool((lengths == c_max).all()):
-        return None
-    R = lengths.shape[0]
-    ctx = torch.arange(c_max, device=lengths.device) < lengths.unsqueeze(-1)  # [R, Cmax]
-    own = torch.ones(R, num_own, dtype=torch.bool, device=lengths.device)  # [R, own]
-    return torch.cat([ctx, own], dim=-1)[:, None, None, :].expand(R, 1, num_queries, c_max + num_own)
-
-
-def request_generator(params: SamplingParams, device: torch.device | str = "cpu") -> torch.Generator | None:
-    """The drafter's own generator for one request: seeded from ``params.seed``, else None (global RNG)."""
-    if params.seed is None:
-        return None
-    return torch.Generator(device=device).manual_seed(params.seed)
-
-
-def sample_tokens(
-    probs: Tensor, sampling: list[SamplingParams], generators: list[torch.Generator | None]
-) -> Tensor:
-    """One token per row of ``probs [R, V]`` or ``[R, K, V]``: argmax if greedy, else a draw.
-
-    Request r draws from its own generator, so its drafts depend on its own seed only. A
-    row that is not a distribution (NaN/inf, no mass: a corrupt drafter) is not drawn
-    from; it keeps its argmax and the caller (the engine) fails that request on its probs.
-    """
-    if probs.dim() == 2:
-        return sample_tokens(probs.unsqueeze(1), sampling, generators).squeeze(1)
-    R, K, _ = probs.shape
-    tokens = probs.argmax(dim=-1)  # [R, K]
-    for r, (params, g) in enumerate(zip(sampling, generators)):
-        if not params.greedy and K > 0:
-            p = probs[r].float()  # [K, V]
-            mass = p.sum(dim=-1)  # [K]; non-finite iff some entry is
-            if bool((torch.isfinite(mass) & (mass > 0)).all()):
-                tokens[r] = torch.multinomial(p, 1, generator=g).squeeze(-1)  # [K]
-    return tokens
-
-
-def assert_states(states, max_len: int, sampling) -> None:
-    """Checks at the propose boundary, shared by every drafter."""
-    assert len(sampling) == len(states), f"{len(sampling)} sampling params for {len(states)} states"
-    assert max_len >= 0, f"max_len must be >= 0, got {max_len}"
-    for s in states:
-        n_feat = 0 if s.features is None else s.features.shape[0]
-        if n_feat < len(s.token_ids) - 1:
-            raise ValueError(
-                f"request {s.request_id}: {n_feat} feature rows for {len(s.token_ids)} tokens "
-                "(need one per token except the anchor)"
-            )
 
 
 def drafter_dims(target, config) -> DecoderDims:

@@ -10,7 +10,7 @@ the fused target features ``H_ctx`` of every token strictly before the anchor.
 :class:`DFlashDrafter` is the drafter: one forward, every slot sampled independently.
 
 Inference keeps, per request, the context keys/values of every draft layer in
-``state.drafter_cache`` (:class:`~dspark.drafters.common.DrafterCache`). They depend
+``state.drafter_cache`` (:class:`~dspark.drafters.request_state.DrafterCache`). They depend
 on the target features only, so each round appends the features of the newly committed
 tokens and never recomputes the context; drafts never enter the cache.
 """
@@ -22,27 +22,28 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from dspark.drafters.attention import PackedBlockMask, rope_cos_sin
 from dspark.drafters.blocks import PackedBlocks, batch_layout, pack_blocks
 from dspark.drafters.common import (
     DecoderDims,
     DraftDecoderLayer,
-    DrafterCache,
-    PackedBlockMask,
     RMSNorm,
-    assert_states,
-    batch_context,
     build_from_target,
     fuse_features,
     init_weights,
     lm_logits,
-    padded_context_mask,
-    request_cache,
-    rope_cos_sin,
-    sample_tokens,
     scaled_embedding,
     slot_factors,
 )
 from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, dflash_objective
+from dspark.drafters.request_state import (
+    DrafterCache,
+    assert_states,
+    batch_context,
+    padded_context_mask,
+    request_cache,
+    sample_tokens,
+)
 from dspark.protocols import DraftBlock, SamplingParams, SequenceState, SlotFactors, TrainBatch, TrainOutput
 from dspark.sampling.probs import batch_probs
 
@@ -144,7 +145,7 @@ class DFlashBackbone(nn.Module):
         Every row's blocks and visible context are packed into one sequence (padding
         anchors and never-visible context dropped); each block attends to the context
         entries of its own row strictly before its anchor and to its own slots only
-        (:func:`~dspark.drafters.common.attend_packed_blocks`).
+        (:func:`~dspark.drafters.attention.attend_packed_blocks`).
         """
         N, K = blocks.positions.shape
         H = self.dims.hidden_size

@@ -21,9 +21,10 @@ import torch
 from torch import Tensor
 
 from dspark.drafters.blocks import batch_layout, pack_blocks
-from dspark.drafters.common import DecoderDims, assert_states, build_from_target, sample_tokens
+from dspark.drafters.common import DecoderDims, build_from_target
 from dspark.drafters.dflash import DFlashBackbone
 from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, dspark_objective
+from dspark.drafters.request_state import assert_states, sample_tokens
 from dspark.heads import MARKOV_HEAD_TYPES, ConfidenceHead, build_sequential_head, scale_confidence_logits
 from dspark.protocols import DraftBlock, SamplingParams, SequenceState, TrainBatch, TrainOutput
 from dspark.sampling.probs import batch_probs

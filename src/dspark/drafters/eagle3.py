@@ -25,28 +25,29 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from dspark.drafters.attention import PackedBlockMask, rope_cos_sin
 from dspark.drafters.blocks import batch_layout, pack_blocks
 from dspark.drafters.common import (
     DecoderDims,
     DraftAttention,
-    DrafterCache,
-    PackedBlockMask,
     RMSNorm,
     SwiGLU,
-    assert_states,
-    batch_context,
     build_from_target,
     fuse_features,
     init_weights,
     lm_logits,
-    padded_context_mask,
-    request_cache,
-    rope_cos_sin,
-    sample_tokens,
     scaled_embedding,
     slot_factors,
 )
 from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, eagle3_objective
+from dspark.drafters.request_state import (
+    DrafterCache,
+    assert_states,
+    batch_context,
+    padded_context_mask,
+    request_cache,
+    sample_tokens,
+)
 from dspark.protocols import DraftBlock, SamplingParams, SequenceState, TrainBatch, TrainOutput
 from dspark.sampling.probs import batch_probs
 

@@ -40,6 +40,20 @@ def eagle3_tiny() -> Eagle3Config:
     return Eagle3Config(block_size=7)
 
 
+# SmolLM2-135M-Instruct (hidden 576, 30 layers, vocabulary 49,152, no mask token: the
+# drafter uses the tokenizer's default, issue 11). Two draft layers, as for the tiny target.
+def dflash_smollm2() -> DFlashConfig:
+    return DFlashConfig(num_layers=2, block_size=7)
+
+
+def dspark_smollm2() -> DSparkConfig:
+    return DSparkConfig(num_layers=2, block_size=7, markov_rank=64)
+
+
+def eagle3_smollm2() -> Eagle3Config:
+    return Eagle3Config(block_size=7)
+
+
 def dspark_qwen3_8b() -> DSparkConfig:
     return DSparkConfig(
         num_layers=5,

@@ -6,7 +6,9 @@ import torch
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer, Qwen3RotaryEmbedding
 
-from dspark.drafters.common import ContextKV, DecoderDims, DraftDecoderLayer, init_weights, rope_cos_sin
+from dspark.drafters.attention import rope_cos_sin
+from dspark.drafters.common import DecoderDims, DraftDecoderLayer, init_weights
+from dspark.drafters.request_state import ContextKV
 
 DIMS = DecoderDims(
     vocab_size=32, hidden_size=32, intermediate_size=48, num_heads=4, num_kv_heads=2, head_dim=8

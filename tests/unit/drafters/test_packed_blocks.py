@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dspark.drafters.attention import PackedBlockMask, attend, attend_packed_blocks
 from dspark.drafters.blocks import PAD_ANCHOR, batch_layout
-from dspark.drafters.common import PackedBlockMask, attend, attend_packed_blocks
 from dspark.drafters.objective import compute_loss
 from dspark.protocols import TrainBatch, TrainOutput
 from dspark.targets import TargetAdapter
