@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from dspark.campaign.pipeline import PlateauStop
+from dspark.campaign.pipeline import TAU, PlateauStop
 from dspark.campaign.plateau import plateaued
 
 STEPS = list(range(10, 1010, 10))  # 100 logged steps
@@ -36,13 +36,13 @@ def test_resumed_stop_rule_replays_history_up_to_the_resume_step(tmp_path):
     """A run killed at step 600 and resumed from its step-500 checkpoint decides like an unbroken run."""
     metrics = tmp_path / "metrics.jsonl"
     flat = {s: 2.0 for s in STEPS}
-    lines = [json.dumps({"step": s, "expected_tau": flat[s]}) for s in STEPS if s <= 600]
+    lines = [json.dumps({"step": s, TAU: flat[s]}) for s in STEPS if s <= 600]
     metrics.write_text("\n".join(lines) + "\n")
 
     unbroken = PlateauStop(tmp_path / "none.jsonl", tail=0.2, gain=0.01, min_step=0)
-    decisions = {s: unbroken(s, {"expected_tau": flat[s]}) for s in STEPS}
+    decisions = {s: unbroken(s, {TAU: flat[s]}) for s in STEPS}
 
     resumed = PlateauStop(metrics, tail=0.2, gain=0.01, min_step=0)  # records after 500 are replayed live
-    replayed = {s: resumed(s, {"expected_tau": flat[s]}) for s in STEPS if s > 500}
+    replayed = {s: resumed(s, {TAU: flat[s]}) for s in STEPS if s > 500}
     assert replayed == {s: decisions[s] for s in STEPS if s > 500}
     assert resumed.steps == STEPS  # no step counted twice
