@@ -21,19 +21,6 @@ from dspark.targets import TargetAdapter
 from tests.unit.drafters.builders import DRAFTERS, build, make_batch, prompt
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture
-def target(tiny_qwen3) -> TargetAdapter:
-    return TargetAdapter(tiny_qwen3)
-
-
 def two_rows(target: TargetAdapter):
     """Rows of 20 and 13 real tokens (the second right-padded), anchors padded with -1."""
     ids = torch.tensor([prompt(20, seed=1), prompt(13, seed=2) + [0] * 7])
