@@ -92,14 +92,14 @@ class TrainingEval:
     """
 
     def __init__(self, features, target, num_anchors: int, real_tau, every: int) -> None:
-        from dspark.training.trainer import _pad_id
+        from dspark.training.run_identity import pad_id
 
         step = max(1, len(features) // VALIDATION_SAMPLES)
         indices = list(range(0, len(features), step))[:VALIDATION_SAMPLES]
         self.batches = [
             features.target_batch(
                 indices[i : i + 4],
-                pad_id=_pad_id(target),
+                pad_id=pad_id(target),
                 num_anchors=num_anchors,
                 generator=torch.Generator().manual_seed(i),
                 dtype=torch.float32,

@@ -53,6 +53,13 @@ from dspark.training.checkpoint import (
     save_checkpoint,
 )
 from dspark.training.metrics_log import MetricMeans, MetricsLog, flatten_metrics
+from dspark.training.run_identity import (
+    as_json,
+    default_model_config,
+    identity_defaults,
+    pad_id,
+    run_identity,
+)
 
 log = logging.getLogger(__name__)
 
@@ -193,56 +200,6 @@ def _optimizer_names(state: Mapping[str, Any], rename: Callable[[str], str]) -> 
     return {"state": {rename(k): v for k, v in state["state"].items()}, "param_groups": groups}
 
 
-def _as_json(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj):
-        obj = dataclasses.asdict(obj)
-    return json.loads(json.dumps(obj, default=str))
-
-
-def default_model_config(drafter: nn.Module) -> dict[str, Any]:
-    """``config.json`` of a checkpoint: the drafter's config fields plus its architecture name."""
-    return {"architectures": [type(drafter).__name__], **_as_json(drafter.config)}
-
-
-def _run_identity(cfg: TrainConfig, target, drafter: nn.Module, dataset: TrainDataset) -> dict[str, Any]:
-    return {
-        "train": cfg.identity(),
-        "drafter": {"class": type(drafter).__name__, **_as_json(drafter.config)},
-        "data": {"samples": len(dataset), "sha256": dataset.fingerprint},
-        "target": {
-            "model_type": getattr(target.config, "model_type", None),
-            "vocab_size": target.vocab_size,
-            "hidden_size": target.hidden_size,
-            "num_layers": target.num_layers,
-            "target_layer_ids": list(target.target_layer_ids),
-        },
-    }
-
-
-def _field_defaults(config_cls) -> dict[str, Any]:
-    """Each field's default (``default_factory`` called), for fields that have one."""
-    out = {}
-    for f in dataclasses.fields(config_cls):
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            out[f.name] = f.default_factory()
-    return out
-
-
-def _identity_defaults(drafter: nn.Module) -> dict[str, Any]:
-    """Defaults of the identity's config fields: fields added after a run started may take them."""
-    return {"train": _field_defaults(TrainConfig), "drafter": _field_defaults(type(drafter.config))}
-
-
-def _pad_id(target) -> int:
-    tok = getattr(target, "tokenizer", None)
-    for attr in ("pad_token_id", "eos_token_id"):
-        if tok is not None and getattr(tok, attr, None) is not None:
-            return int(getattr(tok, attr))
-    return 0
-
-
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -278,7 +235,7 @@ class Trainer:
         self.feature_cache = feature_cache
         self.model_config = model_config
         self.ckpt_root = Path(cfg.output_dir) / "checkpoints"
-        self.identity = _run_identity(cfg, target, drafter, dataset)
+        self.identity = run_identity(cfg, target, drafter, dataset)
         _seed_everything(cfg.seed + world.rank)
 
         # fp32 master weights everywhere; bf16 only inside autocast (SPEC §6).
@@ -315,7 +272,7 @@ class Trainer:
             seed=cfg.seed,
         )
         self.use_bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and world.device.type == "cuda")
-        self.pad_id = _pad_id(target)
+        self.pad_id = pad_id(target)
 
     # -- one step ----------------------------------------------------------------------------
 
@@ -406,7 +363,7 @@ class Trainer:
                 rng=rng,
                 trainer_state={
                     "identity": self.identity,
-                    "scheduler": _as_json(self.scheduler.state_dict()),
+                    "scheduler": as_json(self.scheduler.state_dict()),
                     "data": self.sampler.state_dict(),
                     "world_size": self.world.world_size,
                 },
@@ -422,7 +379,10 @@ class Trainer:
         """Load a checkpoint into this freshly built run; returns its step. Every rank reads the folder."""
         ckpt = load_checkpoint(folder)
         check_resumable(
-            folder, ckpt.trainer_state["identity"], self.identity, _as_json(_identity_defaults(self.drafter))
+            folder,
+            ckpt.trainer_state["identity"],
+            self.identity,
+            as_json(identity_defaults(self.cfg, self.drafter)),
         )
         distributed.load_full_state(
             self.model,
@@ -450,7 +410,7 @@ class Trainer:
         if folder is None:
             if self.world.is_main:
                 self.ckpt_root.parent.mkdir(parents=True, exist_ok=True)
-                text = json.dumps(_as_json(self.identity), indent=2)
+                text = json.dumps(as_json(self.identity), indent=2)
                 (self.ckpt_root.parent / "train_config.json").write_text(text + "\n")
             return 0, None
         if not self.cfg.resume:
