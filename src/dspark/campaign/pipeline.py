@@ -109,7 +109,7 @@ class TrainingEval:
         self.real_tau, self.every, self.calls = real_tau, every, 0
 
     def __call__(self, drafter, step: int) -> dict[str, float]:
-        from dspark.training.trainer import flushing_denormals
+        from dspark.training.numerics import flushing_denormals
 
         parts = []  # (per-position mean acceptance [K], supervised slots per position [K]) per batch
         with flushing_denormals(True):

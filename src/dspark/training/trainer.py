@@ -27,8 +27,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -53,6 +52,7 @@ from dspark.training.checkpoint import (
     save_checkpoint,
 )
 from dspark.training.metrics_log import MetricMeans, MetricsLog, flatten_metrics
+from dspark.training.numerics import flushing_denormals
 from dspark.training.run_identity import (
     as_json,
     default_model_config,
@@ -158,22 +158,6 @@ def lr_multiplier(step: int, *, total_steps: int, warmup_steps: int, min_lr_rati
         return (step + 1) / warmup_steps
     progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-
-
-@contextmanager
-def flushing_denormals(enabled: bool) -> Iterator[None]:
-    """CPU flush-to-zero / denormals-are-zero inside the block (a process-wide flag, reset after).
-
-    Values below ~1.2e-38 become 0: far below the losses' float noise, and nothing here
-    reads them (inference outside the block keeps the default IEEE behaviour).
-    """
-    if not enabled or not torch.set_flush_denormal(True):  # False: this CPU cannot
-        yield
-        return
-    try:
-        yield
-    finally:
-        torch.set_flush_denormal(False)
 
 
 class _Objective(nn.Module):
