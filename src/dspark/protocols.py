@@ -237,21 +237,26 @@ class SlotFactors:
     target_index: torch.Tensor  # [B, A, K] long, the row of target_rows of each slot
     softcap: float | None = None  # the family's final logit softcapping (Gemma2)
     low_rank_u: torch.Tensor | None = None  # [B, A, K, r] the sequential head's factor (DSpark)
-    low_rank_w: torch.Tensor | None = None  # [V, r] W_2ᵀ
+    low_rank_w: torch.Tensor | None = None  # [V, r] W_2ᵀ ([N, r] with a reduced draft vocabulary)
+    # A reduced draft vocabulary (issue 16): ``head`` is then ``[N, H]``, the target's rows of
+    # ``draft_ids [N]``, and ``target_head [V, H]`` the target's full head (None: ``head``).
+    draft_ids: torch.Tensor | None = None
+    target_head: torch.Tensor | None = None
 
     def _cap(self, logits: torch.Tensor) -> torch.Tensor:
         return logits if self.softcap is None else self.softcap * torch.tanh(logits / self.softcap)
 
     def draft_logits(self) -> torch.Tensor:
-        """``[B, A, K, V]`` fp32."""
+        """``[B, A, K, V]`` fp32 (``[B, A, K, N]`` over a reduced draft vocabulary)."""
         logits = self.hidden.float() @ self.head.float().T  # [B, A, K, V]
         if self.low_rank_u is not None:
             logits = logits + self.low_rank_u.float() @ self.low_rank_w.float().T
         return self._cap(logits)
 
     def target_logits(self) -> torch.Tensor:
-        """``[B, A, K, V]`` fp32."""
-        return self._cap(self.target_rows.float() @ self.head.float().T)[self.target_index]
+        """``[B, A, K, V]`` fp32, over the target's whole vocabulary."""
+        head = self.head if self.target_head is None else self.target_head
+        return self._cap(self.target_rows.float() @ head.float().T)[self.target_index]
 
 
 class TrainOutput:
@@ -290,6 +295,11 @@ class TrainOutput:
         if self._target_logits is None:
             self._target_logits = self.factors.target_logits()
         return self._target_logits
+
+    @property
+    def draft_ids(self) -> torch.Tensor | None:
+        """``[N]`` target ids of a reduced draft vocabulary (``logits`` are then ``[..., N]``), else None."""
+        return self.factors.draft_ids if self.factors is not None else None
 
     @property
     def dense(self) -> bool:

@@ -18,6 +18,11 @@ normalised as in :func:`~dspark.drafters.objective.weighted_mean`):
 - TV (Eq. 10), ``‖p - q‖₁``:                   ``∂/∂z = p ⊙ (s - ⟨s, p⟩)``
 
 (sign(0) = 0, as autograd's ``abs`` uses), times ``1 - (z/c)²`` under a softcap ``c``.
+
+Over a reduced draft vocabulary D (:mod:`dspark.drafters.draft_vocab`), ``z``/``p`` are
+``[N]``, ``q`` is the target's full softmax restricted to D (not renormalised) and the
+L1 term adds the constant ``q(V∖D)``; CE drops a slot whose label is outside D
+(``ce_mask``); soft CE uses ``q_D / q(D)``. The gradients above hold with these ``q``.
 The confidence term (Eq. 11) does not touch the logits: its soft label ``c* = 1 - ½‖p - q‖₁``
 is detached, so it is left to autograd on the confidences.
 """
@@ -29,6 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from dspark.drafters.draft_vocab import target_to_draft
 from dspark.protocols import SlotFactors
 
 DEFAULT_BUDGET_BYTES = 512 << 20  # V-sized working set of one chunk
@@ -58,11 +64,15 @@ class _ChunkedTerms(torch.autograd.Function):
     """Forward: per-slot terms chunk by chunk, and their gradients; backward: scale the saved gradients."""
 
     @staticmethod
-    def forward(ctx, hidden, u, w2, head, target_rows, target_index, labels, omega, coefs, softcap, chunk):
+    def forward(
+        ctx, hidden, u, w2, head, target_rows, target_index, labels, omega, coefs, softcap, chunk, reduced
+    ):
         a_ce, a_soft, a_tv = coefs
+        target_head, draft_ids, ce_mask = reduced  # all None for the full vocabulary
         need_grad = any(x is not None and x.requires_grad for x in (hidden, u, w2))
         M = hidden.shape[0]
-        head32 = head.float()  # [V, H]
+        head32 = head.float()  # [V, H] ([N, H] over a reduced draft vocabulary)
+        target32 = head32 if target_head is None else target_head.float()  # [V, H]
         w2_32 = w2.float() if w2 is not None else None  # [V, r]
         l1 = hidden.new_empty(M, dtype=torch.float32)
         ce = hidden.new_empty(M, dtype=torch.float32) if a_ce else None
@@ -83,25 +93,42 @@ class _ChunkedTerms(torch.autograd.Function):
             rows, inverse = torch.unique(
                 target_index[sl], return_inverse=True
             )  # overlapping blocks share rows
-            q = torch.softmax(_softcap(target_rows[rows].float() @ head32.T, softcap), dim=-1)[
+            q = torch.softmax(_softcap(target_rows[rows].float() @ target32.T, softcap), dim=-1)[
                 inverse
             ]  # [c, V]
+            q_soft, outside = q, None
+            if draft_ids is not None:
+                q = q[:, draft_ids]  # [c, N]: the target's mass on D, not renormalised
+                mass = q.sum(-1)  # [c]
+                outside = (1.0 - mass).clamp_min(0.0)  # q(V∖D): never proposable, always rejected
+                q_soft = q / mass.clamp_min(1e-30).unsqueeze(-1) if a_soft else None
             label = labels[sl].unsqueeze(-1)  # [c, 1]
             if a_ce:
                 ce[sl] = -logp.gather(-1, label).squeeze(-1)
+                if ce_mask is not None:
+                    ce[sl] *= ce_mask[sl]
             if a_soft:
-                soft[sl] = -torch.linalg.vecdot(q, logp)
+                soft[sl] = -torch.linalg.vecdot(q_soft, logp)
             del logp
             diff = p - q  # [c, V]
             l1[sl] = torch.linalg.vector_norm(diff, ord=1, dim=-1)
+            if outside is not None:
+                l1[sl] += outside
             if not need_grad:
                 continue
             g = diff.sign_()  # s; the gradient is built in its storage
-            g.sub_(torch.linalg.vecdot(g, p).unsqueeze(-1)).mul_(a_tv).add_(a_ce + a_soft).mul_(p)
+            g.sub_(torch.linalg.vecdot(g, p).unsqueeze(-1)).mul_(a_tv)
+            if ce_mask is None:
+                g.add_(a_ce + a_soft).mul_(p)
+            else:  # CE only where the label is in the draft vocabulary
+                g.add_((a_ce * ce_mask[sl] + a_soft).unsqueeze(-1)).mul_(p)
             if a_soft:
-                g.sub_(q, alpha=a_soft)
+                g.sub_(q_soft, alpha=a_soft)
             if a_ce:
-                g.scatter_add_(-1, label, torch.full_like(label, -a_ce, dtype=g.dtype))
+                step = torch.full_like(label, -a_ce, dtype=g.dtype)
+                if ce_mask is not None:
+                    step = step * ce_mask[sl].unsqueeze(-1)
+                g.scatter_add_(-1, label, step)
             g.mul_(omega[sl].unsqueeze(-1))
             if softcap is not None:
                 g.mul_(1.0 - (z / softcap) ** 2)
@@ -127,7 +154,14 @@ class _ChunkedTerms(torch.autograd.Function):
         grads = []
         for saved, has, dtype in zip(ctx.saved_tensors, ctx.has, ctx.dtypes):
             grads.append((grad_objective * saved).to(dtype) if has else None)
-        return (*grads, None, None, None, None, None, None, None, None)
+        return (*grads, None, None, None, None, None, None, None, None, None)
+
+
+def draft_labels(labels: Tensor, draft_ids: Tensor, vocab_size: int) -> tuple[Tensor, Tensor]:
+    """Target-id labels ``[...]`` as draft ids (0 where outside the draft vocabulary) and the
+    mask of those inside it."""
+    mapped = target_to_draft(draft_ids, vocab_size)[labels]  # [...], -1 outside
+    return mapped.clamp_min(0), mapped >= 0
 
 
 def chunked_terms(
@@ -149,6 +183,11 @@ def chunked_terms(
     shape = labels.shape
     H = factors.hidden.shape[-1]
     u = factors.low_rank_u
+    reduced = (None, None, None)
+    if factors.draft_ids is not None:
+        ids = factors.draft_ids
+        labels, in_vocab = draft_labels(labels, ids, factors.target_head.shape[0])
+        reduced = (factors.target_head, ids, in_vocab.reshape(-1).float())
     objective, l1, ce_t, soft_t = _ChunkedTerms.apply(
         factors.hidden.reshape(-1, H),
         u.reshape(-1, u.shape[-1]) if u is not None else None,
@@ -160,7 +199,11 @@ def chunked_terms(
         omega.reshape(-1).float(),
         (ce, soft_ce, tv),
         factors.softcap,
-        chunk_slots(factors.head.shape[0], budget_bytes),
+        chunk_slots(
+            factors.head.shape[0] if factors.target_head is None else factors.target_head.shape[0],
+            budget_bytes,
+        ),
+        reduced,
     )
     return SlotTerms(
         objective=objective,

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from transformers.activations import ACT2FN
 
 from dspark.drafters.attention import PackedBlockMask, apply_rope, attend, attend_packed_blocks
+from dspark.drafters.draft_vocab import check_draft_ids, expand_probs
 from dspark.drafters.mask import resolve_mask_id
 from dspark.protocols import SlotFactors
 from dspark.targets.families import layer_shape
@@ -259,14 +260,48 @@ def resolve_target_fields(config, target, *, own_layers: bool = False):
     return dataclasses.replace(config, **changes)
 
 
+def register_draft_vocab(drafter: nn.Module, draft_vocab_size: int | None, vocab_size: int) -> int:
+    """The buffers of a reduced draft vocabulary (:mod:`dspark.drafters.draft_vocab`); returns N.
+
+    ``draft_ids [N]`` (saved; ``arange`` until the trainer or a checkpoint sets it) and
+    ``full_head``, the target's ``[V, H]`` head: a plain attribute (never saved, never
+    broadcast by DDP) that the training loss's target distribution needs and drafting does
+    not. Both are None for the full vocabulary.
+    """
+    drafter.full_head = None
+    if draft_vocab_size is None or draft_vocab_size == vocab_size:
+        drafter.register_buffer("draft_ids", None)
+        return vocab_size
+    if not 0 < draft_vocab_size < vocab_size:
+        raise ValueError(f"draft_vocab_size {draft_vocab_size} must be in 1..{vocab_size}")
+    drafter.register_buffer("draft_ids", torch.arange(draft_vocab_size))
+    return draft_vocab_size
+
+
 @torch.no_grad()
-def copy_shared_weights(drafter: nn.Module, target) -> None:
+def set_draft_ids(drafter: nn.Module, ids: Tensor, target) -> None:
+    """Choose the draft vocabulary ``ids [N]`` of a reduced-vocabulary drafter; its head follows."""
+    check_draft_ids(ids, target.vocab_size)
+    if drafter.draft_ids is None or ids.numel() != drafter.draft_ids.numel():
+        raise ValueError(f"drafter has no draft vocabulary of {ids.numel()} tokens")
+    drafter.draft_ids.copy_(ids)
+    copy_shared_weights(drafter, target)
+
+
+@torch.no_grad()
+def copy_shared_weights(drafter: nn.Module, target, *, init_mask: bool = True) -> None:
     """Copy the target's embedding and LM head into ``drafter`` and freeze them (SPEC §2).
 
-    A learned mask embedding starts at the mean embedding row (a neutral input).
+    A reduced draft vocabulary takes the head's rows of its ``draft_ids`` and keeps the
+    full head as ``full_head`` for the training loss. A learned mask embedding starts at
+    the mean embedding row (a neutral input) unless ``init_mask`` is False (a load).
     """
     embedding = target.model.get_input_embeddings().weight
     head = target.model.get_output_embeddings().weight
+    ids = getattr(drafter, "draft_ids", None)
+    if ids is not None:
+        drafter.full_head = head.detach()  # [V, H], shared storage, not saved
+        head = head[ids.to(head.device)]  # [N, H]
     for name, source in (("embed_tokens", embedding), ("lm_head", head)):
         param = getattr(drafter, name).weight
         if param.shape != source.shape:
@@ -274,7 +309,7 @@ def copy_shared_weights(drafter: nn.Module, target) -> None:
         param.copy_(source)
         param.requires_grad_(False)
     mask = getattr(drafter, "mask_embedding", None)
-    if mask is not None:
+    if mask is not None and init_mask:
         mask.copy_(embedding.mean(dim=0))
 
 
@@ -295,13 +330,16 @@ def slot_factors(
     *,
     rows: Tensor | None = None,
     low_rank: tuple[Tensor, Tensor] | None = None,
+    draft_ids: Tensor | None = None,
+    full_head: Tensor | None = None,
 ) -> SlotFactors:
     """The draft and target logits of every slot as :class:`~dspark.protocols.SlotFactors` (SPEC §6).
 
     ``hidden [..., K, H]`` are the slots' final-normed draft states; ``target_hidden
     [B, T, H]`` the target's final-normed last hidden state; ``positions [B, A, K]`` the
     slots' positions (clamped to T - 1), or ``[N, K]`` with ``rows [N]`` naming each
-    block's batch row; ``low_rank`` the sequential head's ``(u [..., K, r], W_2ᵀ [V, r])``.
+    block's batch row; ``low_rank`` the sequential head's ``(u [..., K, r], W_2ᵀ [V, r])``;
+    ``draft_ids`` / ``full_head`` a reduced draft vocabulary's ids and the target's full head.
     Blocks overlap — slot k of anchor a and slot k - 1 of anchor a + 1 sit at one
     position — so the target's rows are kept once per distinct position.
     """
@@ -319,7 +357,25 @@ def slot_factors(
         softcap=softcap,
         low_rank_u=u,
         low_rank_w=w2,
+        draft_ids=draft_ids,
+        target_head=_full_head(draft_ids, full_head),
     )
+
+
+def _full_head(draft_ids: Tensor | None, full_head: Tensor | None) -> Tensor | None:
+    if draft_ids is not None and full_head is None:
+        raise ValueError(
+            "a reduced-vocabulary drafter trains against the target's full LM head: "
+            "build it with from_target (or copy_shared_weights) first"
+        )
+    return full_head if draft_ids is not None else None
+
+
+def draft_to_target(tokens: Tensor, probs: Tensor, draft_ids: Tensor | None, vocab_size: int):
+    """Sampled draft ids ``[R, K]`` and their probabilities ``[R, K, N]`` in target ids / ``[R, K, V]``."""
+    if draft_ids is None:
+        return tokens, probs
+    return draft_ids[tokens], expand_probs(probs, draft_ids, vocab_size)
 
 
 def scaled_embedding(embed_tokens: nn.Embedding, ids: Tensor, dims: DecoderDims) -> Tensor:
@@ -336,10 +392,17 @@ def drafter_dims(target, config) -> DecoderDims:
     return dims
 
 
-def build_from_target(cls, target, config, *, own_layers: bool = False):
+def build_from_target(cls, target, config, *, own_layers: bool = False, draft_ids: Tensor | None = None):
     """``cls(config, dims)`` for ``target``: fields resolved (``own_layers``: see
-    :func:`resolve_target_fields`), embedding and LM head copied, on its device."""
+    :func:`resolve_target_fields`), embedding and LM head copied, on its device.
+
+    ``draft_ids`` choose a reduced draft vocabulary (``config.draft_vocab_size`` tokens;
+    a drafter being loaded gets them from its checkpoint instead).
+    """
     config = resolve_target_fields(config, target, own_layers=own_layers)
     drafter = cls(config, drafter_dims(target, config))
-    copy_shared_weights(drafter, target)
+    if draft_ids is not None:
+        set_draft_ids(drafter, draft_ids.to(torch.long), target)
+    else:
+        copy_shared_weights(drafter, target)
     return drafter.to(device=target.device, dtype=target.dtype)

@@ -29,9 +29,11 @@ from dspark.drafters.common import (
     DraftDecoderLayer,
     RMSNorm,
     build_from_target,
+    draft_to_target,
     fuse_features,
     init_weights,
     lm_logits,
+    register_draft_vocab,
     scaled_embedding,
     slot_factors,
 )
@@ -60,6 +62,9 @@ class DFlashConfig:
     # q/k-norm in the draft layers. True = DeepSpec's Qwen3 draft layer, the class vLLM and SGLang
     # load whatever the target; None = as the target family has it (Llama: none), dspark-only.
     qk_norm: bool | None = True
+    # N: propose only from the N most frequent tokens of the training data (issue 16;
+    # drafters/draft_vocab.py). None = the target's whole vocabulary.
+    draft_vocab_size: int | None = None
     objective: ObjectiveConfig = field(default_factory=dflash_objective)
 
     def __post_init__(self) -> None:
@@ -67,6 +72,8 @@ class DFlashConfig:
             raise ValueError(
                 f"num_layers and block_size must be >= 1, got {self.num_layers}, {self.block_size}"
             )
+        if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
+            raise ValueError(f"draft_vocab_size must be >= 1, got {self.draft_vocab_size}")
 
 
 class DFlashBackbone(nn.Module):
@@ -85,6 +92,7 @@ class DFlashBackbone(nn.Module):
         target_layer_ids: tuple[int, ...] | None,
         mask_token_id: int | None,
         mask_embedding: bool = False,
+        draft_vocab_size: int | None = None,
     ) -> None:
         super().__init__()
         if target_layer_ids is None or (mask_token_id is None and not mask_embedding):
@@ -94,12 +102,13 @@ class DFlashBackbone(nn.Module):
         self.target_layer_ids = tuple(target_layer_ids)
         self.mask_token_id = None if mask_embedding else int(mask_token_id)
         H, V, L = dims.hidden_size, dims.vocab_size, len(self.target_layer_ids)
+        N = register_draft_vocab(self, draft_vocab_size, V)  # the LM head's rows
         self.embed_tokens = nn.Embedding(V, H)
         self.fc = nn.Linear(L * H, H, bias=False)
         self.hidden_norm = RMSNorm(H, dims.rms_norm_eps)
         self.layers = nn.ModuleList(DraftDecoderLayer(dims) for _ in range(num_layers))
         self.norm = RMSNorm(H, dims.rms_norm_eps)
-        self.lm_head = nn.Linear(H, V, bias=False)
+        self.lm_head = nn.Linear(H, N, bias=False)
         # The drafter's own mask input when the tokenizer has no mask token (drafters/mask.py).
         self.mask_embedding = nn.Parameter(torch.zeros(H)) if mask_embedding else None
         init_weights(self, dims.initializer_range)
@@ -117,7 +126,7 @@ class DFlashBackbone(nn.Module):
         return self.hidden_norm(fuse_features(self.fc, features))
 
     def logits(self, h: Tensor) -> Tensor:
-        """LM-head logits ``[..., V]`` fp32 of final-normed hidden states ``[..., H]``."""
+        """LM-head logits ``[..., N]`` fp32 (N = V unless reduced) of final-normed ``[..., H]``."""
         return lm_logits(self.lm_head, h, self.dims.logit_softcap)
 
     def _rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
@@ -178,6 +187,8 @@ class DFlashBackbone(nn.Module):
             softcap,
             rows=blocks.rows,
             low_rank=low_rank,
+            draft_ids=self.draft_ids,
+            full_head=self.full_head,
         )
 
     # -- inference ---------------------------------------------------------------------------
@@ -248,13 +259,15 @@ class DFlashDrafter(DFlashBackbone):
             target_layer_ids=config.target_layer_ids,
             mask_token_id=config.mask_token_id,
             mask_embedding=config.mask_embedding,
+            draft_vocab_size=config.draft_vocab_size,
         )
         self.config = config
 
     @classmethod
-    def from_target(cls, target, config: DFlashConfig) -> DFlashDrafter:
-        """A randomly initialised drafter for ``target`` sharing its (frozen) embedding and LM head."""
-        return build_from_target(cls, target, config)
+    def from_target(cls, target, config: DFlashConfig, *, draft_ids: Tensor | None = None) -> DFlashDrafter:
+        """A randomly initialised drafter for ``target`` sharing its (frozen) embedding and LM head
+        (``draft_ids``: the reduced draft vocabulary of ``config.draft_vocab_size`` tokens)."""
+        return build_from_target(cls, target, config, draft_ids=draft_ids)
 
     def forward_train(self, batch: TrainBatch) -> TrainOutput:
         """Every real block's slots ``[1, N, K]``, teacher-forced context, logits as factors (SPEC §6)."""
@@ -279,8 +292,10 @@ class DFlashDrafter(DFlashBackbone):
         if K == 0 or not states:
             return DraftBlock.empty(len(states), self.dims.vocab_size)
         generators = self.prepare(states, sampling)
-        logits = self.logits(self.block_hidden_infer(states)[:, :K])  # [R, K, V]
-        probs = batch_probs(logits, sampling)  # [R, K, V]
+        logits = self.logits(self.block_hidden_infer(states)[:, :K])  # [R, K, N]
+        probs = batch_probs(logits, sampling)  # [R, K, N]
         tokens = sample_tokens(probs, sampling, generators)  # [R, K]
+        # p_d = 0 outside a reduced draft vocabulary (lossless: SPEC §3, drafters/draft_vocab.py)
+        tokens, probs = draft_to_target(tokens, probs, self.draft_ids, self.dims.vocab_size)  # [R, K, V]
         lengths = torch.full((len(states),), K, dtype=torch.long, device=tokens.device)
         return DraftBlock(tokens=tokens, lengths=lengths, probs=probs)

@@ -23,6 +23,7 @@ from torch import Tensor
 from dspark.drafters.blocks import batch_layout, pack_blocks
 from dspark.drafters.common import DecoderDims, build_from_target
 from dspark.drafters.dflash import DFlashBackbone
+from dspark.drafters.draft_vocab import expand_probs
 from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, dspark_objective
 from dspark.drafters.request_state import assert_states, sample_tokens
 from dspark.heads import MARKOV_HEAD_TYPES, ConfidenceHead, build_sequential_head, scale_confidence_logits
@@ -51,6 +52,7 @@ class DSparkConfig:
     enable_confidence_head: bool = True
     confidence_head_with_markov: bool = True  # c_k reads W_1[x_{k-1}] besides h_k
     sts_temperatures: tuple[float, ...] | None = None  # fitted by calibration (SPEC §8)
+    draft_vocab_size: int | None = None  # N most frequent training tokens (issue 16); None = all
     objective: ObjectiveConfig = field(default_factory=dspark_objective)
 
     def __post_init__(self) -> None:
@@ -77,13 +79,18 @@ class DSparkDrafter(DFlashBackbone):
             target_layer_ids=config.target_layer_ids,
             mask_token_id=config.mask_token_id,
             mask_embedding=config.mask_embedding,
+            draft_vocab_size=config.draft_vocab_size,
         )
         self.config = config
         r = config.markov_rank
         self.markov_head = None
         if r > 0:
             self.markov_head = build_sequential_head(
-                config.markov_head_type, vocab_size=dims.vocab_size, rank=r, hidden_size=dims.hidden_size
+                config.markov_head_type,
+                vocab_size=dims.vocab_size,
+                rank=r,
+                hidden_size=dims.hidden_size,
+                draft_vocab_size=self.lm_head.out_features,
             )
             self.markov_head.reset_parameters(dims.initializer_range)
         self.confidence_head = None
@@ -92,9 +99,10 @@ class DSparkDrafter(DFlashBackbone):
             self.confidence_head = ConfidenceHead(dims.hidden_size, conf_rank)
 
     @classmethod
-    def from_target(cls, target, config: DSparkConfig) -> DSparkDrafter:
-        """A randomly initialised drafter for ``target`` sharing its (frozen) embedding and LM head."""
-        return build_from_target(cls, target, config)
+    def from_target(cls, target, config: DSparkConfig, *, draft_ids: Tensor | None = None) -> DSparkDrafter:
+        """A randomly initialised drafter for ``target`` sharing its (frozen) embedding and LM head
+        (``draft_ids``: the reduced draft vocabulary of ``config.draft_vocab_size`` tokens)."""
+        return build_from_target(cls, target, config, draft_ids=draft_ids)
 
     def _confidence_logits(self, h: Tensor, markov_emb: Tensor | None) -> Tensor:
         emb = markov_emb if self.confidence_head.markov_rank else None
@@ -145,7 +153,8 @@ class DSparkDrafter(DFlashBackbone):
             return DraftBlock.empty(R, self.dims.vocab_size)
         generators = self.prepare(states, sampling)
         h = self.block_hidden_infer(states)[:, :K]  # [R, K, H]
-        base = self.logits(h)  # [R, K, V]
+        base = self.logits(h)  # [R, K, N] (N = V unless the draft vocabulary is reduced)
+        ids = self.draft_ids
         prev = torch.tensor([s.token_ids[-1] for s in states], device=h.device)  # [R]: x_0 = anchor
         head_state = self.markov_head.initial_state(R, h) if self.markov_head is not None else None
         tokens, probs, conf_logits = [], [], []
@@ -155,8 +164,10 @@ class DSparkDrafter(DFlashBackbone):
             if self.markov_head is not None:
                 bias, markov_emb, head_state = self.markov_head.step(prev, h[:, k], head_state)
                 logits_k = logits_k + bias.float()  # Eq. 4: U_k + B_k
-            p_k = batch_probs(logits_k.unsqueeze(1), sampling).squeeze(1)  # [R, V]
-            x_k = sample_tokens(p_k, sampling, generators)  # [R]
+            p_k = batch_probs(logits_k.unsqueeze(1), sampling).squeeze(1)  # [R, N]
+            x_k = sample_tokens(p_k, sampling, generators)  # [R] draft ids
+            if ids is not None:  # to target ids: W_1 and the verifier read those; p_d = 0 outside
+                x_k, p_k = ids[x_k], expand_probs(p_k, ids, self.dims.vocab_size)  # [R], [R, V]
             if self.confidence_head is not None:
                 conf_logits.append(self._confidence_logits(h[:, k], markov_emb))  # [R]
             tokens.append(x_k)

@@ -33,9 +33,11 @@ from dspark.drafters.common import (
     RMSNorm,
     SwiGLU,
     build_from_target,
+    draft_to_target,
     fuse_features,
     init_weights,
     lm_logits,
+    register_draft_vocab,
     scaled_embedding,
     slot_factors,
 )
@@ -54,10 +56,11 @@ from dspark.sampling.probs import batch_probs
 
 @dataclass(frozen=True, kw_only=True)
 class Eagle3Config:
-    """An Eagle3 drafter (one decoder layer, full target vocabulary)."""
+    """An Eagle3 drafter (one decoder layer; the full target vocabulary or Eagle3's reduced one)."""
 
     block_size: int = 7  # drafts per round = training-time-test length
     target_layer_ids: tuple[int, ...] | None = None  # None = the target adapter's
+    draft_vocab_size: int | None = None  # N most frequent training tokens (d2t, issue 16); None = all
     objective: ObjectiveConfig = field(default_factory=eagle3_objective)
 
     def __post_init__(self) -> None:
@@ -109,19 +112,21 @@ class Eagle3Drafter(nn.Module):
         self.block_size = config.block_size
         self.target_layer_ids = tuple(config.target_layer_ids)
         H, V, L = dims.hidden_size, dims.vocab_size, len(self.target_layer_ids)
+        N = register_draft_vocab(self, config.draft_vocab_size, V)  # the LM head's rows
         self.embed_tokens = nn.Embedding(V, H)
         self.fc = nn.Linear(L * H, H, bias=False)
         self.layers = nn.ModuleList([Eagle3Layer(dims)])
         self.norm = RMSNorm(H, dims.rms_norm_eps)
-        self.lm_head = nn.Linear(H, V, bias=False)
+        self.lm_head = nn.Linear(H, N, bias=False)
         init_weights(self, dims.initializer_range)
         self.embed_tokens.weight.requires_grad_(False)
         self.lm_head.weight.requires_grad_(False)
 
     @classmethod
-    def from_target(cls, target, config: Eagle3Config) -> Eagle3Drafter:
-        """A randomly initialised drafter for ``target`` sharing its (frozen) embedding and LM head."""
-        return build_from_target(cls, target, config)
+    def from_target(cls, target, config: Eagle3Config, *, draft_ids: Tensor | None = None) -> Eagle3Drafter:
+        """A randomly initialised drafter for ``target`` sharing its (frozen) embedding and LM head
+        (``draft_ids``: the reduced draft vocabulary of ``config.draft_vocab_size`` tokens)."""
+        return build_from_target(cls, target, config, draft_ids=draft_ids)
 
     @property
     def layer(self) -> Eagle3Layer:
@@ -131,7 +136,7 @@ class Eagle3Drafter(nn.Module):
         return scaled_embedding(self.embed_tokens, ids, self.dims)
 
     def logits(self, h: Tensor) -> Tensor:
-        """``lm_head(norm(h))`` fp32: ``[..., H] → [..., V]``."""
+        """``lm_head(norm(h))`` fp32: ``[..., H] → [..., N]`` (N = V unless reduced)."""
         return lm_logits(self.lm_head, self.norm(h), self.dims.logit_softcap)
 
     def _rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
@@ -183,7 +188,14 @@ class Eagle3Drafter(nn.Module):
             labels=blocks.labels.unsqueeze(0),
             valid=(blocks.valid & (anchors >= 1).unsqueeze(-1)).unsqueeze(0),
             factors=slot_factors(
-                self.lm_head, hidden, batch.target_hidden, blocks.positions, softcap, rows=rows
+                self.lm_head,
+                hidden,
+                batch.target_hidden,
+                blocks.positions,
+                softcap,
+                rows=rows,
+                draft_ids=self.draft_ids,
+                full_head=self.full_head,
             ),
         )
 
@@ -254,8 +266,10 @@ class Eagle3Drafter(nn.Module):
             )
             keys.append(k_new)
             values.append(v_new)
-            p_k = batch_probs(self.logits(h), sampling).squeeze(1)  # [R, V]
-            tok = sample_tokens(p_k, sampling, generators)  # [R]
+            p_k = batch_probs(self.logits(h), sampling).squeeze(1)  # [R, N]
+            tok = sample_tokens(p_k, sampling, generators)  # [R] draft ids
+            # target ids (the next step embeds them); p_d = 0 outside a reduced vocabulary
+            tok, p_k = draft_to_target(tok, p_k, self.draft_ids, self.dims.vocab_size)  # [R], [R, V]
             tokens.append(tok)
             probs.append(p_k)
         return DraftBlock(

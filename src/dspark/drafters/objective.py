@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dspark.drafters.chunked_objective import DEFAULT_BUDGET_BYTES, chunked_terms
+from dspark.drafters.chunked_objective import DEFAULT_BUDGET_BYTES, chunked_terms, draft_labels
 from dspark.protocols import TrainOutput
 from dspark.sampling.rejection import acceptance_probability
 
@@ -195,8 +195,9 @@ def compute_loss(
     """
     if out.factors is not None and not out.dense:
         return _chunked_loss(out, objective, budget_bytes)
-    B, A, K, V = out.logits.shape
-    assert out.target_logits.shape == (B, A, K, V), f"{tuple(out.target_logits.shape)} != {(B, A, K, V)}"
+    B, A, K, N = out.logits.shape  # N = V unless the draft vocabulary is reduced
+    V = out.target_logits.shape[-1]
+    assert out.target_logits.shape[:3] == (B, A, K), f"{tuple(out.target_logits.shape)} vs {(B, A, K)}"
     assert out.labels.shape == (B, A, K) and out.valid.shape == (B, A, K)
     w = position_weights(K, decay=objective.decay, geometric=objective.geometric, device=out.logits.device)
     valid = out.valid
@@ -204,21 +205,31 @@ def compute_loss(
     logp_d = torch.log_softmax(out.logits.float(), dim=-1)  # [B, A, K, V]
     p_d = logp_d.exp()  # [B, A, K, V]
     p_t = torch.softmax(out.target_logits.float(), dim=-1).detach()  # [B, A, K, V]
+    labels, in_vocab, outside = out.labels, None, None
+    if out.draft_ids is not None:  # a reduced draft vocabulary (drafters/draft_vocab.py)
+        labels, in_vocab = draft_labels(labels, out.draft_ids, V)
+        p_t = p_t[..., out.draft_ids]  # [B, A, K, N], not renormalised
+        outside = (1.0 - p_t.sum(-1)).clamp_min(0.0)  # q(V∖D), never proposable
+    assert p_t.shape[-1] == N, f"draft logits over {N} tokens, target distribution over {p_t.shape[-1]}"
 
     loss = out.logits.new_zeros((), dtype=torch.float32)
     terms: dict[str, Tensor | None] = dict(ce=None, tv=None, conf=None, soft_ce=None)
     if objective.ce > 0:
-        terms["ce"] = weighted_mean(nll(logp_d, out.labels), valid, w)
+        ce = nll(logp_d, labels)  # [B, A, K]
+        terms["ce"] = weighted_mean(ce if in_vocab is None else ce * in_vocab, valid, w)
         loss = loss + objective.ce * terms["ce"]
     # ‖p_d - p_t‖₁ once per slot: the TV term (with grad), the soft label and the metrics.
     with torch.set_grad_enabled(torch.is_grad_enabled() and objective.tv > 0):
         l1 = l1_distance(p_d, p_t)  # [B, A, K]
+        if outside is not None:
+            l1 = l1 + outside
     accept = (1.0 - 0.5 * l1).detach()  # [B, A, K]: c* (Eq. 8)
     if objective.tv > 0:
         terms["tv"] = weighted_mean(l1, valid, w)
         loss = loss + objective.tv * terms["tv"]
     if objective.soft_ce > 0:
-        terms["soft_ce"] = weighted_mean(soft_nll(logp_d, p_t), valid, w)
+        q = p_t if outside is None else p_t / p_t.sum(-1, keepdim=True).clamp_min(1e-30)  # q_D / q(D)
+        terms["soft_ce"] = weighted_mean(soft_nll(logp_d, q), valid, w)
         loss = loss + objective.soft_ce * terms["soft_ce"]
     if objective.conf > 0:
         if out.confidences is None:

@@ -1,8 +1,9 @@
 """The Markov head: a low-rank first-order transition bias on the draft logits (paper Eq. 5, SPEC §5.3).
 
 ``B(x_{k-1}, ·) = W_1[x_{k-1}] W_2`` with ``W_1: V×r`` an embedding lookup and
-``W_2: r×V`` a logit projection, added to the backbone's base logits ``U_k`` with no
-gate. ``W_1[x]`` is also the *Markov embedding* the confidence head reads (Eq. 7).
+``W_2: r×V`` a logit projection (``r×N`` over a reduced draft vocabulary, issue 16),
+added to the backbone's base logits ``U_k`` with no gate. ``W_1[x]`` is also the
+*Markov embedding* the confidence head reads (Eq. 7).
 
 Stored as ``markov_w1.weight [V, r]`` (= W_1) and ``markov_w2.weight [V, r]`` (= W_2ᵀ),
 the DeepSpec key layout (SPEC §5.4).
@@ -16,11 +17,12 @@ from torch import Tensor, nn
 class MarkovHead(nn.Module):
     """Transition bias from the previous token only; stateless."""
 
-    def __init__(self, vocab_size: int, rank: int) -> None:
+    def __init__(self, vocab_size: int, rank: int, draft_vocab_size: int | None = None) -> None:
         super().__init__()
         self.rank = rank
+        # W_1 reads the previous token (any target id); W_2 writes draft-vocabulary logits.
         self.markov_w1 = nn.Embedding(vocab_size, rank)
-        self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
+        self.markov_w2 = nn.Linear(rank, draft_vocab_size or vocab_size, bias=False)
 
     def reset_parameters(self, std: float) -> None:
         """W_1 ~ N(0, std); W_2 = 0, so an untrained DSpark starts as its DFlash backbone."""

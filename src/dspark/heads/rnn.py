@@ -21,11 +21,13 @@ from torch import Tensor, nn
 class RNNHead(nn.Module):
     """Transition bias from a recurrent state that accumulates the block prefix."""
 
-    def __init__(self, vocab_size: int, rank: int, hidden_size: int) -> None:
+    def __init__(
+        self, vocab_size: int, rank: int, hidden_size: int, draft_vocab_size: int | None = None
+    ) -> None:
         super().__init__()
         self.rank = rank
-        self.markov_w1 = nn.Embedding(vocab_size, rank)
-        self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
+        self.markov_w1 = nn.Embedding(vocab_size, rank)  # previous token: any target id
+        self.markov_w2 = nn.Linear(rank, draft_vocab_size or vocab_size, bias=False)  # draft-vocabulary bias
         self.joint_proj = nn.Linear(2 * rank + hidden_size, 3 * rank)
 
     def reset_parameters(self, std: float) -> None:
