@@ -49,6 +49,7 @@ DIMS = dict(
     tie_word_embeddings=False,
 )
 MASK_ID, BLOCK, CONTEXT, ROWS = 127, 4, 11, 6
+DRAFT_VOCAB = 64  # N of the reduced-vocabulary rows (d2t, issue 16; vLLM pads heads to 64 rows)
 STS = (1.5, 1.25, 1.0)  # fewer than BLOCK: the last one repeats (SGLang wants exactly γ)
 
 
@@ -83,7 +84,10 @@ class Drafter:
     def build(self):
         target = TargetAdapter(_target(self.family), target_layer_ids=self.layer_ids)
         torch.manual_seed(1)
-        drafter = self.cls.from_target(target, self.config).eval()
+        ids = None
+        if getattr(self.config, "draft_vocab_size", None):  # a reduced draft vocabulary: spread ids
+            ids = torch.randperm(DIMS["vocab_size"])[: self.config.draft_vocab_size].sort().values
+        drafter = self.cls.from_target(target, self.config, draft_ids=ids).eval()
         with torch.no_grad():  # make every head visible (W_2 starts at 0)
             for name, p in drafter.named_parameters():
                 if name.startswith(("markov_head.", "confidence_head.")) or name.endswith("bias"):
@@ -105,6 +109,18 @@ DRAFTERS = (
     Drafter("eagle3", Eagle3Drafter, Eagle3Config(block_size=BLOCK), layer_ids=(0, 1, 2)),
     Drafter("eagle3-4-layers", Eagle3Drafter, Eagle3Config(block_size=BLOCK), layer_ids=(-1, 0, 1, 2)),
     Drafter("dspark-llama31-rope", DSparkDrafter, _dspark(), family="llama31"),
+    Drafter("dspark-d2t", DSparkDrafter, _dspark(draft_vocab_size=DRAFT_VOCAB)),
+    Drafter(
+        "dflash-d2t",
+        DFlashDrafter,
+        DFlashConfig(num_layers=2, block_size=BLOCK, mask_token_id=MASK_ID, draft_vocab_size=DRAFT_VOCAB),
+    ),
+    Drafter(
+        "eagle3-d2t",
+        Eagle3Drafter,
+        Eagle3Config(block_size=BLOCK, draft_vocab_size=DRAFT_VOCAB),
+        layer_ids=(0, 1, 2),
+    ),
     Drafter("dspark-gemma2", DSparkDrafter, _dspark(), family="gemma2"),
     Drafter(
         "dflash-unsorted-ids",
@@ -142,7 +158,7 @@ def block_reference(drafter) -> dict[str, torch.Tensor]:
         ref[f"out.context_k.{i}"] = k[0].transpose(0, 1).flatten(1)  # [C, nkv*hd]
         ref[f"out.context_v.{i}"] = v[0].transpose(0, 1).flatten(1)
     h = torch.randn(ROWS, H, generator=g)  # [N, H]: final-normed block hidden states
-    prev = torch.randint(0, drafter.dims.vocab_size, (ROWS,), generator=g)  # [N]
+    prev = torch.randint(0, drafter.dims.vocab_size, (ROWS,), generator=g)  # [N]: any target id
     ref |= {"in.h": h, "in.prev": prev, "out.lm_head": drafter.logits(h)}
     head = getattr(drafter, "markov_head", None)
     if head is not None:
@@ -178,7 +194,7 @@ def eagle3_reference(drafter) -> dict[str, torch.Tensor]:
         "out.entry_k.0": k[0].transpose(0, 1).flatten(1),  # [C, nkv*hd]
         "out.entry_v.0": v[0].transpose(0, 1).flatten(1),
         "out.norm": normed,
-        "out.lm_head": drafter.logits(h),  # Eagle3's logits apply the final norm themselves
+        "out.lm_head": drafter.logits(h),  # Eagle3's logits apply the final norm themselves ([N, N_d])
     }
 
 

@@ -29,6 +29,9 @@ VLLM_FORMATS = ("vllm", "speculators", "hf")  # hf: DeepSpec's layout, which vLL
 EXPECTED_VLLM_REFUSALS = {
     ("dspark-rnn", "hf"): "joint_proj",  # vLLM has no RNN Markov head
     ("dspark-gemma2", "hf"): "SpeculativeConfig",  # our own architecture name: unregistered
+    # reduced draft vocabulary: our own architecture in --format hf (DeepSpec has no d2t); vllm loads it
+    ("dspark-d2t", "hf"): "SpeculativeConfig",
+    ("dflash-d2t", "hf"): "SpeculativeConfig",
 }
 
 

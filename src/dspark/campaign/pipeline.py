@@ -233,12 +233,15 @@ class Campaign:
             "epochs", "batch_size", "micro_batch_size", "num_anchors", "lr", "seed",
             "plateau_tail", "plateau_gain", "plateau_min_epochs",
         )  # fmt: skip
+        if p.draft_vocab is not None:  # keys of plans without one stay as they were (resume)
+            key |= p.part("draft_vocab")
         run_dir = self.out / "train" / method
         folder = self.out / "drafters" / method
 
         def run() -> dict[str, Any]:
             from dspark.data.cache import FeatureCache
             from dspark.data.samples import TrainDataset
+            from dspark.drafters.draft_vocab import with_draft_vocab
             from dspark.eval.online import online_tau_eval
             from dspark.presets import drafters as presets
             from dspark.training.fresh import train_new_drafter
@@ -271,7 +274,7 @@ class Campaign:
             drafter, result = train_new_drafter(
                 cfg,
                 self.target,
-                getattr(presets, preset)(),
+                with_draft_vocab(getattr(presets, preset)(), p.draft_vocab),
                 samples,
                 folder,
                 feature_cache=features,

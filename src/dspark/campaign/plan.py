@@ -41,6 +41,9 @@ class CampaignPlan:
     eval_max_tokens: int = 128
     temperature: float = 1.0
     seed: int = 0
+    # N: every drafter proposes from the N most frequent tokens of the regenerated data
+    # (issue 16); None = each preset's own choice. In the train stage's key only when set.
+    draft_vocab: int | None = None
 
     def part(self, *names: str) -> dict[str, Any]:
         """The fields a stage depends on (its resume key)."""

@@ -51,6 +51,14 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         help="dflash/dspark block mask input: an existing token or id, or 'learned' (a trainable "
         "embedding); default: the tokenizer's mask token",
     )
+    p.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=None,
+        metavar="N",
+        help="propose only from the N most frequent tokens of --data (a reduced draft vocabulary, "
+        "Eagle3's d2t; still lossless); default: the preset's, else the target's whole vocabulary",
+    )
     p.add_argument("--steps", type=int, default=300, help="optimizer steps")
     p.add_argument("--batch-size", type=int, default=8, help="global batch (sequences per optimizer step)")
     p.add_argument("--micro-batch-size", type=int, default=2, help="sequences per forward per process")
@@ -133,6 +141,7 @@ def main_train(args: argparse.Namespace) -> int:
     from dspark import distributed
     from dspark.commands.loading import is_tiny, load_target, set_threads, training_records
     from dspark.data.samples import tokenize_records
+    from dspark.drafters.draft_vocab import choose_draft_ids, with_draft_vocab
     from dspark.drafters.folder import drafter_config_json, publish_checkpoint
     from dspark.drafters.kinds import KINDS
     from dspark.drafters.target_choices import apply_target_choices
@@ -142,6 +151,10 @@ def main_train(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     template_kwargs = args.template_kwargs
     config = _drafter_config(args.drafter, args.preset, is_tiny(args.target))
+    if args.draft_vocab is not None:
+        if args.draft_vocab < 1:
+            raise DsparkError(f"--draft-vocab must be >= 1, got {args.draft_vocab}")
+        config = with_draft_vocab(config, args.draft_vocab)
     cfg = TrainConfig(
         output_dir=str(args.out),
         max_steps=args.steps,
@@ -161,8 +174,6 @@ def main_train(args: argparse.Namespace) -> int:
         config = apply_target_choices(
             config, target, target_layers=args.target_layers, mask_token=args.mask_token
         )
-        torch.manual_seed(args.seed)
-        drafter = KINDS[args.drafter].drafter_cls.from_target(target, config)
         data = tokenize_records(
             training_records(args.data, args.limit),
             target.tokenizer,
@@ -171,6 +182,14 @@ def main_train(args: argparse.Namespace) -> int:
         )
         if len(data) == 0:
             raise DsparkError("no training sample has supervised (assistant) tokens")
+        if (config.draft_vocab_size or 0) > target.vocab_size:
+            raise DsparkError(
+                f"--draft-vocab {config.draft_vocab_size} is larger than the target's vocabulary "
+                f"({target.vocab_size})"
+            )
+        torch.manual_seed(args.seed)
+        ids = choose_draft_ids(config, data, target.vocab_size)  # N most frequent supervised tokens
+        drafter = KINDS[args.drafter].drafter_cls.from_target(target, config, draft_ids=ids)
         cache = _feature_cache(args.feature_cache, target, data, template_kwargs, args.max_length)
         online_eval = online_tau_eval(target, args.eval_prompts) if args.eval_every else None
         result = train(
@@ -185,7 +204,7 @@ def main_train(args: argparse.Namespace) -> int:
         )
         if world.is_main:
             # The last checkpoint is already a drafter folder (DESIGN §5.4): publish its two files.
-            folder = publish_checkpoint(result.checkpoint, args.out / "drafter")
+            folder = publish_checkpoint(result.checkpoint, args.out / "drafter", target)
             print(
                 json.dumps(
                     {

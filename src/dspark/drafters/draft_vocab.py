@@ -84,3 +84,41 @@ def engine_tables(ids: Tensor, vocab_size: int) -> dict[str, Tensor]:
 def ids_from_d2t(d2t: Tensor) -> Tensor:
     """Target ids ``[N]`` from vLLM's ``d2t`` offsets."""
     return d2t.long() + torch.arange(d2t.numel())
+
+
+def to_file_state(state: dict[str, Tensor], vocab_size: int) -> dict[str, Tensor]:
+    """A state dict as files hold it: ``draft_ids`` as vLLM's ``d2t`` / ``t2d`` (unchanged without one)."""
+    if "draft_ids" not in state:
+        return state
+    out = {k: v for k, v in state.items() if k != "draft_ids"}
+    return {**out, **engine_tables(state["draft_ids"], vocab_size)}
+
+
+def from_file_state(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Inverse of :func:`to_file_state`; ``t2d`` must agree with ``d2t`` (ValueError otherwise)."""
+    if "d2t" not in state:
+        if "t2d" in state:
+            raise ValueError("weights hold t2d without d2t")
+        return state
+    ids = ids_from_d2t(state["d2t"])
+    t2d = state.get("t2d")
+    if t2d is not None and not torch.equal(torch.nonzero(t2d.bool()).squeeze(-1), ids.sort().values):
+        raise ValueError("the draft vocabulary tables disagree (t2d is not the set d2t maps to)")
+    out = {k: v for k, v in state.items() if k not in ("d2t", "t2d")}
+    out["draft_ids"] = ids
+    return out
+
+
+def with_draft_vocab(config, n: int | None):
+    """``config`` with ``draft_vocab_size = n`` (None: unchanged, the preset's own choice)."""
+    import dataclasses
+
+    return config if n is None else dataclasses.replace(config, draft_vocab_size=n)
+
+
+def choose_draft_ids(config, samples: Iterable, vocab_size: int) -> Tensor | None:
+    """The draft vocabulary a new drafter of ``config`` trains with: None for the full one."""
+    n = getattr(config, "draft_vocab_size", None)
+    if n is None or n == vocab_size:
+        return None
+    return most_frequent_tokens(samples, vocab_size, n)

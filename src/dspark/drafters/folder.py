@@ -35,7 +35,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from dspark.drafters.common import build_from_target, drafter_dims, resolve_target_fields
+from dspark.drafters.common import build_from_target, drafter_dims, resolve_target_fields, set_draft_ids
+from dspark.drafters.draft_vocab import from_file_state, to_file_state
 from dspark.drafters.folder_checks import (
     SIZE_FIELDS,
     check_config_fields,
@@ -44,6 +45,7 @@ from dspark.drafters.folder_checks import (
     header_shapes,
 )
 from dspark.drafters.kinds import DrafterKind, kind_of_config, kind_of_folder_config
+from dspark.drafters.shared_weights import RECORD_FIELD, SHARED_KEYS, check_record, strip_shared, target_copy
 from dspark.errors import DsparkError
 from dspark.heads.rnn import upgrade_rnn_keys
 from dspark.output_folders import check_replaceable, publish_folder
@@ -79,12 +81,38 @@ def drafter_config_json(drafter: nn.Module, target: TargetAdapter) -> dict[str, 
     return out
 
 
-def save_drafter(folder: str | Path, drafter: nn.Module, target: TargetAdapter, *, dtype=None) -> Path:
-    """Write ``drafter`` as an HF folder, atomically (temp folder, then rename)."""
+def file_contents(
+    state: dict[str, torch.Tensor],
+    config: dict[str, Any],
+    target: TargetAdapter,
+    *,
+    keep_shared: bool = False,
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The weights and config.json a drafter folder holds for a drafter ``state`` dict.
+
+    The copies of the target's embedding / LM head are left out and recorded unless
+    ``keep_shared`` (:mod:`dspark.drafters.shared_weights`); a reduced draft vocabulary is
+    written as vLLM's ``d2t`` / ``t2d`` (:func:`~dspark.drafters.draft_vocab.to_file_state`).
+    """
+    config = dict(config)
+    config.pop(RECORD_FIELD, None)
+    if not keep_shared:
+        state, record = strip_shared(state, target)
+        if record is not None:
+            config[RECORD_FIELD] = record
+    return to_file_state(state, target.vocab_size), config
+
+
+def save_drafter(
+    folder: str | Path, drafter: nn.Module, target: TargetAdapter, *, dtype=None, keep_shared: bool = False
+) -> Path:
+    """Write ``drafter`` as an HF folder, atomically (temp folder, then rename); see :func:`file_contents`."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    config = drafter_config_json(drafter, target)
-    state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in drafter.state_dict().items()}
+    state, config = file_contents(
+        drafter.state_dict(), drafter_config_json(drafter, target), target, keep_shared=keep_shared
+    )
+    state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in state.items()}
     if dtype is not None:
         config["torch_dtype"] = str(dtype).removeprefix("torch.")
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
@@ -104,13 +132,26 @@ def _finish(tmp: Path, folder: Path, *, command: str = "save", **check) -> Path:
     return publish_folder(tmp, folder, command=command, **check)
 
 
-def publish_checkpoint(checkpoint: str | Path, folder: str | Path) -> Path:
-    """Copy a training checkpoint's ``config.json`` + ``model.safetensors`` into a drafter folder."""
+def publish_checkpoint(
+    checkpoint: str | Path, folder: str | Path, target: TargetAdapter | None = None
+) -> Path:
+    """A training checkpoint's ``config.json`` + ``model.safetensors`` as a drafter folder.
+
+    With ``target``, written through :func:`file_contents` (the target's tensors left out,
+    ``d2t``); without, the two files copied as they are (a checkpoint of a full-vocabulary
+    drafter holds every key a folder needs).
+    """
     checkpoint, folder = Path(checkpoint), Path(folder)
     check_replaceable(folder, inputs=[checkpoint], legacy_names=DRAFTER_FILES)  # before copying gigabytes
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    for name in (CONFIG_NAME, WEIGHTS_NAME):
-        shutil.copyfile(checkpoint / name, tmp / name)
+    if target is None:
+        for name in (CONFIG_NAME, WEIGHTS_NAME):
+            shutil.copyfile(checkpoint / name, tmp / name)
+    else:
+        raw = json.loads((checkpoint / CONFIG_NAME).read_text())
+        state, config = file_contents(load_file(str(checkpoint / WEIGHTS_NAME)), raw, target)
+        save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+        (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return _finish(tmp, folder, command="train", inputs=[checkpoint])
 
 
@@ -221,15 +262,14 @@ def _check_shared_weights(state: dict[str, torch.Tensor], target: TargetAdapter,
     pass every other check; its frozen copies differ far beyond bf16 rounding. 256
     spread rows are compared: enough to tell, and cheap for a 150k-token vocabulary.
     """
-    for key, theirs in (
-        ("embed_tokens.weight", target.model.get_input_embeddings()),
-        ("lm_head.weight", target.model.get_output_embeddings()),
-    ):
-        if key not in state or theirs is None or state[key].shape != theirs.weight.shape:
+    ids = state.get("draft_ids")  # a reduced draft vocabulary: the head holds the target's rows of ids
+    for key in SHARED_KEYS:
+        theirs = target_copy(target, key, ids)
+        if key not in state or state[key].shape != theirs.shape:
             continue
         rows = torch.linspace(0, state[key].shape[0] - 1, 256).long().unique()  # [<=256]
         a = state[key][rows].float()  # [n, H]
-        b = theirs.weight.detach()[rows.to(theirs.weight.device)].float().cpu()  # [n, H]
+        b = theirs[rows.to(theirs.device)].float().cpu()  # [n, H]
         if not torch.allclose(a, b, rtol=2e-2, atol=1e-3 * float(b.abs().max().clamp_min(1e-6))):
             raise DrafterLoadError(
                 f"{where}: drafter was trained for another target: its {key} differs from this target's "
@@ -267,12 +307,21 @@ def load_drafter(folder: str | Path, target: TargetAdapter, *, block_size: int |
         config = kind.config_from_fields(raw)
     except (ValueError, TypeError) as e:
         raise DrafterLoadError(f"{folder}: malformed drafter config: {e}") from None
+    omitted: list[str] = []
+    if RECORD_FIELD in raw:  # the target's tensors were left out of the file (shared_weights)
+        try:
+            omitted = check_record(raw[RECORD_FIELD], target)
+        except ValueError as e:
+            raise DrafterLoadError(f"{folder}: {e}") from None
     weights = folder / WEIGHTS_NAME
     if not weights.is_file():
         raise DrafterLoadError(f"{folder}: no {WEIGHTS_NAME}")
     _verify_checksums(folder)
     # Sizes against the file's header before anything is allocated (folder_checks).
     shapes = _upgraded_shapes(_unalias_keys(header_shapes(weights, DrafterLoadError), folder), folder)
+    if "d2t" in shapes:  # the file's draft vocabulary tables, the drafter's draft_ids
+        shapes["draft_ids"] = shapes.pop("d2t")
+        shapes.pop("t2d", None)
     check_weight_shapes(
         shapes,
         raw["num_hidden_layers"],
@@ -282,6 +331,7 @@ def load_drafter(folder: str | Path, target: TargetAdapter, *, block_size: int |
         folder,
         DrafterLoadError,
         {k: raw[k] for k in SIZE_FIELDS if k in raw},
+        omitted=tuple(omitted),
     )
     drafter = build_from_target(kind.drafter_cls, target, config, own_layers=True)
     try:
@@ -290,14 +340,19 @@ def load_drafter(folder: str | Path, target: TargetAdapter, *, block_size: int |
         raise DrafterLoadError(f"{weights}: cannot read weights ({e})") from None
     state = _unalias_keys(state, folder)
     try:
-        state = upgrade_rnn_keys(state)
+        state = from_file_state(upgrade_rnn_keys(state))
+        if "draft_ids" in state and getattr(drafter, "draft_ids", None) is not None:
+            set_draft_ids(drafter, state["draft_ids"].long(), target)  # the head takes the target's rows
     except ValueError as e:
         raise DrafterLoadError(f"{folder}: {e}") from None
     expected = drafter.state_dict()
+    state.update({k: expected[k] for k in omitted})  # re-attached from the target (fingerprint checked)
     _check_state(state, expected, folder)
     check_finite(state, folder, DrafterLoadError)
     _check_shared_weights(state, target, folder)
     drafter.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)
+    if getattr(drafter, "full_head", None) is not None:
+        drafter.full_head = None  # only training needs the target's full head (common.register_draft_vocab)
     return drafter.eval()
 
 

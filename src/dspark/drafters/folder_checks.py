@@ -34,8 +34,16 @@ _INT_FIELDS = {
     "num_target_layers": 1,
     "vocab_size": 1,
     "hidden_size": 1,
+    "draft_vocab_size": 1,
 }
-SIZE_FIELDS = ("num_hidden_layers", "markov_rank", "block_size", "hidden_size", "vocab_size")
+SIZE_FIELDS = (
+    "num_hidden_layers",
+    "markov_rank",
+    "block_size",
+    "hidden_size",
+    "vocab_size",
+    "draft_vocab_size",
+)
 _BOOL_FIELDS = ("enable_confidence_head", "confidence_head_with_markov")
 
 
@@ -95,12 +103,14 @@ def check_weight_shapes(
     where: Path,
     error: type[DsparkError],
     config_sizes: dict[str, Any] | None = None,
+    omitted: tuple[str, ...] = (),
 ) -> None:
     """The config's sizes against the header's shapes, before the real drafter is built.
 
     ``build_skeleton()`` builds the drafter (called under the ``meta`` device once the
     layer count is known to match the file, so it allocates nothing); ``config_sizes``
-    are named in the error.
+    are named in the error; ``omitted`` keys (the target's tensors the file left out,
+    :mod:`dspark.drafters.shared_weights`) are not expected in the file.
     """
     layers = {int(m.group(1)) for k in shapes if (m := _LAYER_KEY.match(k))}
     if len(layers) != num_hidden_layers or (layers and max(layers) != len(layers) - 1):
@@ -109,7 +119,7 @@ def check_weight_shapes(
             f"the weights hold {len(layers)} layers"
         )
     with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in build_skeleton().state_dict().items()}
+        expected = {k: tuple(v.shape) for k, v in build_skeleton().state_dict().items() if k not in omitted}
     missing, unexpected = sorted(set(expected) - set(shapes)), sorted(set(shapes) - set(expected))
     if missing or unexpected:
         raise error(

@@ -46,7 +46,20 @@ def _block_fields(
         "confidence_head_with_markov": conf_markov,
         "num_hidden_layers": config.num_layers,
         "sts_temperatures": list(sts) if sts else None,
+        **_vocab_field(config),
     }
+
+
+def _vocab_field(config) -> dict[str, Any]:
+    """``draft_vocab_size`` (vLLM's name), for a reduced draft vocabulary only (older folders unchanged)."""
+    n = getattr(config, "draft_vocab_size", None)
+    return {"draft_vocab_size": n} if n is not None else {}
+
+
+def _draft_vocab(raw: dict[str, Any]) -> int | None:
+    """A folder's reduced draft vocabulary size; None for the full one (exports write N = V)."""
+    n = raw.get("draft_vocab_size")
+    return None if n is None or n == raw.get("vocab_size") else n
 
 
 def _dspark_fields(config: DSparkConfig, *, num_target_layers: int) -> dict[str, Any]:
@@ -79,6 +92,7 @@ def _eagle3_fields(config: Eagle3Config, *, num_target_layers: int) -> dict[str,
         "num_target_layers": num_target_layers,
         "target_layer_ids": list(config.target_layer_ids),
         "num_hidden_layers": 1,
+        **_vocab_field(config),
     }
 
 
@@ -96,6 +110,7 @@ def _dspark_config(raw: dict[str, Any]) -> DSparkConfig:
         enable_confidence_head=raw.get("enable_confidence_head", False),
         confidence_head_with_markov=raw.get("confidence_head_with_markov", False),
         sts_temperatures=tuple(sts) if sts else None,
+        draft_vocab_size=_draft_vocab(raw),
     )
 
 
@@ -107,11 +122,16 @@ def _dflash_config(raw: dict[str, Any]) -> DFlashConfig:
         mask_token_id=raw["mask_token_id"],
         mask_embedding=bool(raw.get("mask_embedding", False)),
         qk_norm=raw.get("draft_qk_norm", True),  # folders before the field: Qwen3 layers
+        draft_vocab_size=_draft_vocab(raw),
     )
 
 
 def _eagle3_config(raw: dict[str, Any]) -> Eagle3Config:
-    return Eagle3Config(block_size=raw["block_size"], target_layer_ids=tuple(raw["target_layer_ids"]))
+    return Eagle3Config(
+        block_size=raw["block_size"],
+        target_layer_ids=tuple(raw["target_layer_ids"]),
+        draft_vocab_size=_draft_vocab(raw),
+    )
 
 
 KINDS: dict[str, DrafterKind] = {

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from dspark.data.samples import TrainDataset, TrainSample
+from dspark.drafters.draft_vocab import choose_draft_ids
 from dspark.drafters.folder import drafter_config_json, publish_checkpoint
 from dspark.drafters.kinds import kind_of_config
 from dspark.training.trainer import TrainConfig, TrainResult, train
@@ -35,9 +36,10 @@ def train_new_drafter(
     ``online_eval``).
     """
     torch.manual_seed(cfg.seed)
-    drafter = kind_of_config(config).drafter_cls.from_target(target, config)
+    ids = choose_draft_ids(config, dataset, target.vocab_size)  # a reduced draft vocabulary (issue 16)
+    drafter = kind_of_config(config).drafter_cls.from_target(target, config, draft_ids=ids)
     model_config = lambda d: drafter_config_json(d, target)  # noqa: E731
     result = train(cfg, target, drafter, dataset, model_config=model_config, **options)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    publish_checkpoint(result.checkpoint, folder)
+    publish_checkpoint(result.checkpoint, folder, target)  # without the target's own tensors
     return drafter, result

@@ -147,7 +147,8 @@ def _eagle3_fields(inp: ExportInput, aux_ids: list[int]) -> dict[str, Any]:
     config = draft_layer_fields(inp.config, inp.drafter, 1)
     config.update(
         model_type="llama",  # no q/k norm in the draft layer
-        draft_vocab_size=config["vocab_size"],  # full vocabulary: no d2t table
+        # N < V: a reduced draft vocabulary, with d2t / t2d in the weights (vLLM's llama_eagle3)
+        draft_vocab_size=config.get("draft_vocab_size") or config["vocab_size"],
         target_hidden_size=config["hidden_size"],
         norm_before_residual=False,  # our residual is the un-normed hidden state
         eagle_aux_hidden_state_layer_ids=aux_ids,
@@ -183,8 +184,21 @@ def _check_draft_layers(engine: str, fmt: str, inp: ExportInput) -> None:
         )
 
 
+def _check_draft_vocab(engine: str, fmt: str, inp: ExportInput) -> None:
+    """vLLM loads a reduced draft vocabulary (``draft_vocab_size`` + ``d2t``) for DSpark, DFlash
+    and Eagle3 (vLLM 0.32: qwen3_dspark.py, llama_eagle3.py); SGLang's was not checked here."""
+    if engine == "SGLang" and inp.config.get("draft_vocab_size"):
+        raise refuse(
+            engine,
+            fmt,
+            f"this drafter proposes from a reduced vocabulary of {inp.config['draft_vocab_size']} tokens "
+            "(d2t) and dspark has not verified SGLang's loader for it; export it with --format vllm",
+        )
+
+
 def _engine_checks(engine: str, fmt: str, inp: ExportInput) -> list[int]:
     _check_family(engine, fmt, inp)
+    _check_draft_vocab(engine, fmt, inp)
     ids = list(inp.config["target_layer_ids"])
     _check_ascending(engine, fmt, ids)
     if inp.kind.uses_mask_token:
@@ -211,7 +225,9 @@ def hf_layout(inp: ExportInput) -> Layout:
         quirks = dims.embed_scale != 1.0 or dims.logit_softcap is not None
         # No mask token (learned mask input) or non-Qwen3 draft layers: DeepSpec would misload it.
         own_layers = inp.config.get("mask_embedding") or not dims.qk_norm or dims.activation != "silu"
-        if quirks or own_layers:
+        # DeepSpec's loader has no reduced draft vocabulary (d2t): its strict key check would refuse it.
+        reduced = bool(inp.config.get("draft_vocab_size"))
+        if quirks or own_layers or reduced:
             config["architectures"] = [OWN_ARCHITECTURE]
         return Layout(config=config, state=inp.state)
     return Layout(config=draft_layer_fields(inp.config, inp.drafter, 1), state=inp.state)
@@ -283,7 +299,7 @@ def speculators_layout(inp: ExportInput) -> Layout:
             "verifier": {"name_or_path": inp.target_name, "architectures": list(inp.target_architectures)},
         },
         "transformer_layer_config": layer,
-        "draft_vocab_size": c["vocab_size"],
+        "draft_vocab_size": c.get("draft_vocab_size") or c["vocab_size"],
         "target_hidden_size": c["hidden_size"],
         "block_size": gamma,
         "dspark_version": __version__,

@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from dspark import __version__
+from dspark.drafters.draft_vocab import to_file_state
 from dspark.drafters.export.layouts import FORMATS, LAYOUTS, ExportError, ExportInput
 from dspark.drafters.export.serve import serve_instructions
 from dspark.drafters.export.sidecars import SPS_NAME, STS_NAME
@@ -69,8 +70,8 @@ def _validate(folder: Path, drafter: nn.Module, target: TargetAdapter, kind: Dra
         raise ExportError(f"export validation failed: {folder} re-loads with another config")
     theirs = loaded.state_dict()
     for key, value in drafter.state_dict().items():
-        # The file's rounding, in the dtype the loader builds the drafter in.
-        expected = value.detach().to(dtype).to(theirs[key].dtype)
+        # The file's rounding, in the dtype the loader builds the drafter in (ids stay integers).
+        expected = (value.detach().to(dtype) if value.is_floating_point() else value).to(theirs[key].dtype)
         if not torch.equal(theirs[key], expected.to(theirs[key].device)):
             raise ExportError(f"export validation failed: {key} differs after re-loading {folder}")
 
@@ -109,7 +110,12 @@ def export_drafter(
     config = drafter_config_json(drafter, target)
     dtype_name = str(dtype).removeprefix("torch.")
     config["torch_dtype"] = config["dtype"] = dtype_name
-    state = {k: v.detach().to(dtype).contiguous().cpu() for k, v in drafter.state_dict().items()}
+    # Every tensor the engines read, the target's embedding / LM head included (a drafter
+    # folder may leave them out: the loaded drafter has them back); draft_ids as d2t / t2d.
+    state = to_file_state(drafter.state_dict(), target.vocab_size)
+    state = {
+        k: (v.detach().to(dtype) if v.is_floating_point() else v).contiguous().cpu() for k, v in state.items()
+    }
     target_name = target_name or str(target.config.name_or_path)
     layout = LAYOUTS[fmt](
         ExportInput(
