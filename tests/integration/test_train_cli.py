@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from dspark.cli import main
 from dspark.drafters.folder import load_drafter
@@ -85,3 +86,32 @@ def test_unknown_preset_is_a_clear_error(tmp_path, capsys):
         )
     assert exc.value.code == 2
     assert "unknown preset" in capsys.readouterr().err
+
+
+def test_train_with_a_reduced_draft_vocabulary(tmp_path, capsys):
+    """``--draft-vocab N``: the N most frequent supervised tokens, stored as d2t, no target tensors."""
+    from safetensors.torch import load_file
+
+    from dspark.commands.loading import training_records
+    from dspark.data.samples import tokenize_records
+    from dspark.drafters.draft_vocab import most_frequent_tokens, to_file_state
+
+    out = tmp_path / "run"
+    argv = ["train", "--drafter", "dspark", "--data", "tiny-corpus", "--limit", "8", "--out", str(out)]
+    argv += ["--steps", "2", "--batch-size", "2", "--micro-batch-size", "1", "--num-anchors", "8"]
+    argv += ["--max-length", "128", "--save-every", "0", "--draft-vocab", "64"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    config = json.loads((out / "drafter" / "config.json").read_text())
+    assert config["draft_vocab_size"] == 64
+    file = load_file(str(out / "drafter" / "model.safetensors"))
+    assert "lm_head.weight" not in file and "embed_tokens.weight" not in file
+    target = TargetAdapter.from_pretrained(tiny_target_dir())
+    data = tokenize_records(training_records(["tiny-corpus"], 8), target.tokenizer, max_length=128)
+    ids = most_frequent_tokens(data, target.vocab_size, 64)
+    assert torch.equal(file["d2t"], to_file_state({"draft_ids": ids}, target.vocab_size)["d2t"])
+    drafter = load_drafter(out / "drafter", target)
+    assert torch.equal(drafter.draft_ids, ids) and drafter.lm_head.weight.shape[0] == 64
+    with pytest.raises(SystemExit) as exc:
+        main([*argv[:-2], "--draft-vocab", "0", "--no-resume"])
+    assert exc.value.code == 2 and "--draft-vocab must be >= 1" in capsys.readouterr().err
