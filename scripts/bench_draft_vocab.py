@@ -68,17 +68,18 @@ def _expected_tau(drafter, batches) -> float:
 
 def _draft_ms(drafter, target, contexts, repeats: int) -> float:
     params = [SamplingParams(temperature=1.0, seed=0)]
-    times = []
+    times, cpu = [], []
     with torch.no_grad():
         for ids in contexts:
             state = SequenceState(request_id=0, token_ids=list(ids), prompt_len=len(ids))
             state.features = target.forward(torch.tensor([ids[:-1]]), target.new_cache()).features[0]
             drafter.propose([state], drafter.block_size, params)  # builds the context cache
             for _ in range(repeats):
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 drafter.propose([state], drafter.block_size, params)
                 times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
+                cpu.append(time.process_time() - start_cpu)
+    return 1000 * statistics.median(times), 1000 * statistics.median(cpu)
 
 
 def run(args) -> dict:
@@ -107,21 +108,22 @@ def run(args) -> dict:
         params = [p for p in drafter.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
         drafter.train()
-        tokens, seconds, step = 0, 0.0, 0
+        tokens, seconds, cpu_seconds, step = 0, 0.0, 0.0, 0
         while step < args.steps:
             batch, tb = train_batches[step % len(train_batches)]
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             loss = drafter.loss(drafter.forward_train(batch)).loss
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             seconds += time.perf_counter() - start
+            cpu_seconds += time.process_time() - start_cpu
             tokens += tb.num_tokens
             step += 1
         drafter.eval()
         tau = _expected_tau(drafter, held_batches)
-        draft_ms = _draft_ms(drafter, target, contexts, args.repeats)
+        draft_ms, draft_cpu_ms = _draft_ms(drafter, target, contexts, args.repeats)
         with tempfile.TemporaryDirectory() as tmp:
             folder = save_drafter(Path(tmp) / "d", drafter, target, dtype=torch.bfloat16)
             size = (folder / WEIGHTS_NAME).stat().st_size
@@ -129,10 +131,13 @@ def run(args) -> dict:
             size_with_target = (full / WEIGHTS_NAME).stat().st_size
         row = {
             "draft_vocab": n or target.vocab_size,
-            "coverage": float(_coverage(train, ids)) if ids is not None else 1.0,
+            "coverage_train": _coverage(train, ids) if ids is not None else 1.0,
+            "coverage_held_out": _coverage(held, ids) if ids is not None else 1.0,
             "train_tokens_per_s": tokens / seconds,
+            "train_tokens_per_cpu_s": tokens / cpu_seconds,
             "expected_tau": tau,
             "draft_ms_per_block": draft_ms,
+            "draft_cpu_ms_per_block": draft_cpu_ms,
             "file_mb_bf16": size / 1e6,
             "file_mb_bf16_with_target_tensors": size_with_target / 1e6,
         }
@@ -141,7 +146,9 @@ def run(args) -> dict:
     ref = results[-1]
     for r in results:
         r["train_speed_vs_full"] = r["train_tokens_per_s"] / ref["train_tokens_per_s"]
+        r["train_speed_per_cpu_s_vs_full"] = r["train_tokens_per_cpu_s"] / ref["train_tokens_per_cpu_s"]
         r["draft_cost_vs_full"] = r["draft_ms_per_block"] / ref["draft_ms_per_block"]
+        r["draft_cpu_cost_vs_full"] = r["draft_cpu_ms_per_block"] / ref["draft_cpu_ms_per_block"]
     return {
         "target": str(args.target),
         "preset": args.preset,

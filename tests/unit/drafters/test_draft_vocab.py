@@ -197,3 +197,18 @@ def test_sampling_is_lossless_chi_square(target):
     assert chisquare(f_obs, f_exp).pvalue > 1e-3
     # the drafter never proposes outside its vocabulary, so some tokens must come from the target
     assert counts[~np.isin(np.arange(128), ids.numpy())].sum() > 0
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_runs_started_before_the_field_resume(name):
+    """A checkpoint's identity without ``draft_vocab_size`` matches the default (None); N does not."""
+    from dspark.training.checkpoint import config_differences
+    from dspark.training.run_identity import as_json, field_defaults
+
+    config = dataclasses.replace(CONFIGS[name][1], target_layer_ids=(1, 2))
+    current = {"drafter": as_json(config)}
+    saved = {"drafter": {k: v for k, v in current["drafter"].items() if k != "draft_vocab_size"}}
+    defaults = {"drafter": as_json(field_defaults(type(config)))}
+    assert config_differences(saved, current, defaults) == []
+    reduced = {"drafter": as_json(dataclasses.replace(config, draft_vocab_size=N))}
+    assert config_differences(saved, reduced, defaults) == [f"drafter.draft_vocab_size: (absent) -> {N}"]
