@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from transformers.activations import ACT2FN
 
 from dspark.drafters.attention import PackedBlockMask, apply_rope, attend, attend_packed_blocks
-from dspark.drafters.draft_vocab import check_draft_ids, expand_probs
+from dspark.drafters.draft_vocab import check_draft_ids
 from dspark.drafters.mask import resolve_mask_id
 from dspark.protocols import SlotFactors
 from dspark.targets.families import layer_shape
@@ -260,24 +260,6 @@ def resolve_target_fields(config, target, *, own_layers: bool = False):
     return dataclasses.replace(config, **changes)
 
 
-def register_draft_vocab(drafter: nn.Module, draft_vocab_size: int | None, vocab_size: int) -> int:
-    """The buffers of a reduced draft vocabulary (:mod:`dspark.drafters.draft_vocab`); returns N.
-
-    ``draft_ids [N]`` (saved; ``arange`` until the trainer or a checkpoint sets it) and
-    ``full_head``, the target's ``[V, H]`` head: a plain attribute (never saved, never
-    broadcast by DDP) that the training loss's target distribution needs and drafting does
-    not. Both are None for the full vocabulary.
-    """
-    drafter.full_head = None
-    if draft_vocab_size is None or draft_vocab_size == vocab_size:
-        drafter.register_buffer("draft_ids", None)
-        return vocab_size
-    if not 0 < draft_vocab_size < vocab_size:
-        raise ValueError(f"draft_vocab_size {draft_vocab_size} must be in 1..{vocab_size}")
-    drafter.register_buffer("draft_ids", torch.arange(draft_vocab_size))
-    return draft_vocab_size
-
-
 @torch.no_grad()
 def set_draft_ids(drafter: nn.Module, ids: Tensor, target) -> None:
     """Choose the draft vocabulary ``ids [N]`` of a reduced-vocabulary drafter; its head follows."""
@@ -369,13 +351,6 @@ def _full_head(draft_ids: Tensor | None, full_head: Tensor | None) -> Tensor | N
             "build it with from_target (or copy_shared_weights) first"
         )
     return full_head if draft_ids is not None else None
-
-
-def draft_to_target(tokens: Tensor, probs: Tensor, draft_ids: Tensor | None, vocab_size: int):
-    """Sampled draft ids ``[R, K]`` and their probabilities ``[R, K, N]`` in target ids / ``[R, K, V]``."""
-    if draft_ids is None:
-        return tokens, probs
-    return draft_ids[tokens], expand_probs(probs, draft_ids, vocab_size)
 
 
 def scaled_embedding(embed_tokens: nn.Embedding, ids: Tensor, dims: DecoderDims) -> Tensor:

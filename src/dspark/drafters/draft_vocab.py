@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 
 def most_frequent_tokens(samples: Iterable, vocab_size: int, n: int) -> Tensor:
@@ -122,3 +122,28 @@ def choose_draft_ids(config, samples: Iterable, vocab_size: int) -> Tensor | Non
     if n is None or n == vocab_size:
         return None
     return most_frequent_tokens(samples, vocab_size, n)
+
+
+def register_draft_vocab(drafter: nn.Module, draft_vocab_size: int | None, vocab_size: int) -> int:
+    """The buffers of a reduced draft vocabulary (:mod:`dspark.drafters.draft_vocab`); returns N.
+
+    ``draft_ids [N]`` (saved; ``arange`` until the trainer or a checkpoint sets it) and
+    ``full_head``, the target's ``[V, H]`` head: a plain attribute (never saved, never
+    broadcast by DDP) that the training loss's target distribution needs and drafting does
+    not. Both are None for the full vocabulary.
+    """
+    drafter.full_head = None
+    if draft_vocab_size is None or draft_vocab_size == vocab_size:
+        drafter.register_buffer("draft_ids", None)
+        return vocab_size
+    if not 0 < draft_vocab_size < vocab_size:
+        raise ValueError(f"draft_vocab_size {draft_vocab_size} must be in 1..{vocab_size}")
+    drafter.register_buffer("draft_ids", torch.arange(draft_vocab_size))
+    return draft_vocab_size
+
+
+def draft_to_target(tokens: Tensor, probs: Tensor, draft_ids: Tensor | None, vocab_size: int):
+    """Sampled draft ids ``[R, K]`` and their probabilities ``[R, K, N]`` in target ids / ``[R, K, V]``."""
+    if draft_ids is None:
+        return tokens, probs
+    return draft_ids[tokens], expand_probs(probs, draft_ids, vocab_size)

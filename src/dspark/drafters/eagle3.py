@@ -33,14 +33,13 @@ from dspark.drafters.common import (
     RMSNorm,
     SwiGLU,
     build_from_target,
-    draft_to_target,
     fuse_features,
     init_weights,
     lm_logits,
-    register_draft_vocab,
     scaled_embedding,
     slot_factors,
 )
+from dspark.drafters.draft_vocab import draft_to_target, register_draft_vocab
 from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, eagle3_objective
 from dspark.drafters.request_state import (
     DrafterCache,

@@ -192,6 +192,9 @@ def _check_against_target(raw: dict[str, Any], kind: DrafterKind, target: Target
             problems.append(
                 f"mask_token_id {mask} is not in the target's vocabulary (0..{target.vocab_size - 1})"
             )
+    n = raw.get("draft_vocab_size")
+    if isinstance(n, int) and n > target.vocab_size:
+        problems.append(f"draft_vocab_size {n} > the target's vocabulary {target.vocab_size}")
     block = raw.get("block_size")
     if not isinstance(block, int) or block < 1:
         problems.append(f"block_size {block} must be a positive integer")

@@ -107,3 +107,12 @@ def test_export_writes_the_targets_tensors_and_round_trips(tmp_path, target, nam
     _same_drafts(drafter, load_drafter(out, target), target)
     with pytest.raises(Exception, match="SGLang cannot load this drafter"):
         export_drafter(loaded, target, tmp_path / "sg", fmt="sglang", dtype=torch.float32)
+
+
+def test_a_draft_vocabulary_larger_than_the_targets_is_refused(tmp_path, target):
+    folder = save_drafter(tmp_path / "d", build_reduced("dflash", target), target)
+    config = json.loads((folder / "config.json").read_text())
+    config["draft_vocab_size"] = 4096
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(DrafterLoadError, match="draft_vocab_size 4096 > the target's vocabulary 128"):
+        load_drafter(folder, target)
