@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from dspark.drafters.attention import PackedBlockMask, rope_cos_sin
 from dspark.drafters.blocks import PackedBlocks, batch_layout, pack_blocks
@@ -69,6 +70,12 @@ class DFlashConfig:
             )
 
 
+def _train_layer(layer, h, h_ctx, cos_c, sin_c, cos_q, sin_q, mask) -> Tensor:
+    """One draft layer over packed blocks ``h [1, N*K, H]``, its context K/V projected from ``h_ctx``."""
+    ctx_k, ctx_v = layer.context_kv(h_ctx, cos_c, sin_c)  # [1, nkv, C, hd]
+    return layer(h, cos_q, sin_q, ctx_k, ctx_v, mask)
+
+
 class DFlashBackbone(nn.Module):
     """The parallel block network; attribute names give the DeepSpec keys (SPEC §5.4).
 
@@ -103,6 +110,9 @@ class DFlashBackbone(nn.Module):
         # The drafter's own mask input when the tokenizer has no mask token (drafters/mask.py).
         self.mask_embedding = nn.Parameter(torch.zeros(H)) if mask_embedding else None
         init_weights(self, dims.initializer_range)
+        # Training only, not part of the config or the checkpoint: recompute each draft layer's
+        # activations in the backward instead of keeping them (TrainConfig.activation_checkpointing).
+        self.activation_checkpointing = False
         self.embed_tokens.weight.requires_grad_(False)
         self.lm_head.weight.requires_grad_(False)
 
@@ -156,9 +166,10 @@ class DFlashBackbone(nn.Module):
         h = self.block_embeddings(anchor_ids).view(1, N * K, H).to(h_ctx.dtype)  # [1, N*K, H]
         cos_q, sin_q = self._rope(blocks.positions.view(1, N * K))  # [1, N*K, hd]
         mask = PackedBlockMask(blocks.context_mask().unsqueeze(0), K, blocks.row_spans())  # [1, N, C]
+        recompute = self.activation_checkpointing and torch.is_grad_enabled()
         for layer in self.layers:
-            ctx_k, ctx_v = layer.context_kv(h_ctx, cos_c, sin_c)  # [1, nkv, C, hd]
-            h = layer(h, cos_q, sin_q, ctx_k, ctx_v, mask)
+            args = (layer, h, h_ctx, cos_c, sin_c, cos_q, sin_q, mask)
+            h = checkpoint(_train_layer, *args, use_reentrant=False) if recompute else _train_layer(*args)
         return self.norm(h).view(N, K, H)
 
     def slot_factors(

@@ -95,6 +95,9 @@ class TrainConfig:
     # probabilities below 1e-38; each one costs a microcode assist on x86, and on the tiny
     # target that doubled a step's time (BENCHMARKS.md, "Training throughput").
     flush_denormals: bool = True
+    # Recompute the draft layers' activations in the backward (less memory, same loss and
+    # gradients, ≈ one more drafter forward); DFlash/DSpark only.
+    activation_checkpointing: bool = field(default=False, metadata=_RUN_CONTROL)
     parallel: Literal["ddp", "fsdp"] = field(default="ddp", metadata=_RUN_CONTROL)
     find_unused_parameters: bool = field(default=False, metadata=_RUN_CONTROL)
     save_every: int = field(default=1000, metadata=_RUN_CONTROL)  # 0: only at the end
@@ -224,6 +227,12 @@ class Trainer:
 
         # fp32 master weights everywhere; bf16 only inside autocast (SPEC §6).
         drafter.to(device=world.device, dtype=torch.float32).train()
+        if cfg.activation_checkpointing:
+            holders = [m for m in drafter.modules() if hasattr(m, "activation_checkpointing")]
+            if not holders:
+                raise DsparkError(f"{type(drafter).__name__} has no activation checkpointing")
+            for m in holders:
+                m.activation_checkpointing = True
         self.model = distributed.wrap(
             _Objective(drafter), world, cfg.parallel, find_unused_parameters=cfg.find_unused_parameters
         )
