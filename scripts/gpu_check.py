@@ -90,7 +90,10 @@ def run_child(ns: argparse.Namespace) -> Runner:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit_s, env=env)
         except subprocess.TimeoutExpired as e:
             tail = (e.stderr or b"")[-2000:]
-            return {"status": "timeout", "stderr": tail.decode(errors="replace") if isinstance(tail, bytes) else tail}
+            return {
+                "status": "timeout",
+                "stderr": tail.decode(errors="replace") if isinstance(tail, bytes) else tail,
+            }
         lines = proc.stdout.strip().splitlines()
         if proc.returncode or not lines:
             return {"status": "error", "rc": proc.returncode, "stderr": proc.stderr[-2000:]}
@@ -163,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     if ns.child:
         child(ns.child, ns.dry_run)
         return 0
-    report = run_sections(ns.sections, ns.budget_s, run_child(ns), dry_run=ns.dry_run, write=write_json(ns.out))
+    report = run_sections(
+        ns.sections, ns.budget_s, run_child(ns), dry_run=ns.dry_run, write=write_json(ns.out)
+    )
     failed = [n for n, r in report["sections"].items() if r["status"] != "ok"]
     print(f"gpu_check: {ns.out}; sections not ok: {failed or 'none'}", file=sys.stderr)
     return 0

@@ -22,7 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # Qwen3 shapes (config.json of the released models); vocabulary 151,936.
 QWEN3 = {
     "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_attention_heads=32, num_key_value_heads=8),
-    "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_attention_heads=32, num_key_value_heads=8),
+    "qwen3-8b": dict(
+        hidden_size=4096, intermediate_size=12288, num_attention_heads=32, num_key_value_heads=8
+    ),
 }
 
 
@@ -101,7 +103,7 @@ def _target(scale: Scale, shape: str, layers: int):
     dtype = torch.bfloat16 if scale.device == "cuda" else torch.float32
     with torch.device(scale.device):
         model = Qwen3ForCausalLM(config).to(dtype).eval()
-    target = TargetAdapter(model, target_layer_ids=tuple(range(min(5, layers))))
+    target = TargetAdapter(model, target_layer_ids=tuple(range(min(5, layers - 1))))
     target.eos_token_ids = ()  # random weights: every request runs to max_tokens
     return target
 
@@ -127,21 +129,21 @@ def env(scale: Scale) -> dict:
 
 def gpu_tests(scale: Scale) -> dict:
     """The ``gpu``-marked tests (bf16 greedy equality, engine losslessness on CUDA)."""
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-p", "no:cacheprovider"]
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/gpu", "-p", "no:cacheprovider", "-rfE"]
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     lines = run.stdout.strip().splitlines()
     return {"rc": run.returncode, "summary": lines[-1] if lines else "", "tail": run.stdout[-3000:]}
 
 
-def _train_one(scale: Scale, shape: str, micro_batch: int, checkpointing: bool) -> dict:
+def _train_one(scale: Scale, target, shape: str, micro_batch: int, checkpointing: bool) -> dict:
     import torch
 
     from dspark import distributed
     from dspark.data.samples import TrainDataset, TrainSample
     from dspark.drafters.dspark import DSparkConfig, DSparkDrafter
-    from dspark.training.trainer import Trainer, TrainConfig
+    from dspark.training.trainer import TrainConfig, Trainer
 
-    target = _target(scale, shape, scale.target_layers)
+    torch.manual_seed(1)
     config = DSparkConfig(
         num_layers=scale.draft_layers, block_size=7, mask_token_id=scale.vocab_size - 1, markov_rank=256
     )
@@ -194,12 +196,15 @@ def _train(scale: Scale, shape: str) -> dict:
     import torch
 
     rows = []
+    target = _target(scale, shape, scale.target_layers)
     variants = [(mb, False) for mb in scale.micro_batches] + [(scale.micro_batches[0], True)]
     for micro_batch, checkpointing in variants:
         try:
-            rows.append(_train_one(scale, shape, micro_batch, checkpointing))
+            rows.append(_train_one(scale, target, shape, micro_batch, checkpointing))
         except Exception as e:  # an OOM at micro-batch 2 must not hide micro-batch 1's figures
-            rows.append({"micro_batch": micro_batch, "activation_checkpointing": checkpointing, "error": repr(e)})
+            rows.append(
+                {"micro_batch": micro_batch, "activation_checkpointing": checkpointing, "error": repr(e)}
+            )
         if scale.device == "cuda":
             torch.cuda.empty_cache()
     return {"rows": rows}
@@ -251,7 +256,17 @@ def campaign(scale: Scale) -> dict:
         return {"skipped": "dry run"}
     work = Path(tempfile.mkdtemp(prefix="dspark-campaign-"))
     out = Path(os.environ.get("OUT") or ROOT) / "campaign-drafters"
-    cmd = [sys.executable, "-m", "dspark", "campaign", "--target", "tiny", "--out", str(work), "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dspark",
+        "campaign",
+        "--target",
+        "tiny",
+        "--out",
+        str(work),
+        "--no-progress",
+    ]
     deadline = float(os.environ.get("GPU_CHECK_SECTION_S", "120")) - 15  # leave time to copy
     try:
         run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(deadline, 10))

@@ -11,14 +11,16 @@ from dspark.drafters.dspark import DSparkConfig, DSparkDrafter
 from dspark.drafters.eagle3 import Eagle3Config, Eagle3Drafter
 from dspark.errors import DsparkError
 from dspark.training import online
-from dspark.training.trainer import Trainer, TrainConfig
+from dspark.training.trainer import TrainConfig, Trainer
 from dspark.training.trainer import train as run_training
 
 from .toy_drafter import tiny_target, toy_samples
 
 MASK_ID = 63
 BUILDERS = {
-    "dflash": lambda t: DFlashDrafter.from_target(t, DFlashConfig(num_layers=2, block_size=3, mask_token_id=MASK_ID)),
+    "dflash": lambda t: DFlashDrafter.from_target(
+        t, DFlashConfig(num_layers=2, block_size=3, mask_token_id=MASK_ID)
+    ),
     "dspark": lambda t: DSparkDrafter.from_target(
         t, DSparkConfig(num_layers=2, block_size=3, mask_token_id=MASK_ID, markov_rank=4)
     ),
@@ -70,7 +72,9 @@ def test_activation_checkpointing_really_recomputes(target):
 
 
 def test_train_config_switches_checkpointing_on_and_refuses_drafters_without_it(tmp_path, target):
-    cfg = TrainConfig(output_dir=str(tmp_path / "a"), max_steps=1, global_batch_size=1, activation_checkpointing=True)
+    cfg = TrainConfig(
+        output_dir=str(tmp_path / "a"), max_steps=1, global_batch_size=1, activation_checkpointing=True
+    )
     drafter = BUILDERS["dspark"](target)
     Trainer(cfg, target, drafter, _dataset(), _world(target))
     assert drafter.activation_checkpointing
