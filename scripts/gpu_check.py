@@ -2,9 +2,10 @@
 
 Sections, in order (``scripts/gpu_check_sections.py``): ``env``; ``gpu_tests`` (the
 ``gpu``-marked tests: bf16 greedy equality, engine losslessness on CUDA); training
-tokens/s and peak memory at the Qwen3-4B and Qwen3-8B drafter shapes on random-init
-targets (real vocabulary, 6 target layers, 5 draft layers, 2,048 tokens, 512 anchors,
-micro-batch 1 and 2, and micro-batch 1 with activation checkpointing); SPS(B) of a
+tokens/s and peak memory at the Qwen3-8B and Qwen3-4B drafter shapes on random-init
+targets (real vocabulary, 6 target layers, 5 draft layers, 2,048 tokens, 512 anchors;
+micro-batch 1 and 2 with the default attention — flex on CUDA —, micro-batch 1 with
+activation checkpointing, and micro-batch 1 with the packed attention); SPS(B) of a
 Qwen3-8B-shaped random-init target (12 of its 36 layers); the engine's overhead on it;
 the tiny-target drafter campaign with whatever time is left (its drafters are copied
 under ``$OUT/campaign-drafters``).
@@ -37,9 +38,9 @@ from pathlib import Path
 # Per-section caps (seconds) on the GPU; what one section may take at most.
 CAPS = {
     "env": 30,
-    "gpu_tests": 120,
-    "train_qwen3_4b": 75,
-    "train_qwen3_8b": 90,
+    "gpu_tests": 150,
+    "train_qwen3_8b": 100,
+    "train_qwen3_4b": 90,
     "sps_qwen3_8b": 45,
     "engine_qwen3_8b": 60,
     "campaign": 600,

@@ -135,7 +135,9 @@ def gpu_tests(scale: Scale) -> dict:
     return {"rc": run.returncode, "summary": lines[-1] if lines else "", "tail": run.stdout[-3000:]}
 
 
-def _train_one(scale: Scale, target, shape: str, micro_batch: int, checkpointing: bool) -> dict:
+def _train_one(
+    scale: Scale, target, shape: str, micro_batch: int, checkpointing: bool, attention: str
+) -> dict:
     import torch
 
     from dspark import distributed
@@ -156,7 +158,6 @@ def _train_one(scale: Scale, target, shape: str, micro_batch: int, checkpointing
         mask[: scale.tokens // 8] = False  # a prompt, then the supervised answer
         samples.append(TrainSample(input_ids=ids, loss_mask=mask))
     with tempfile.TemporaryDirectory() as tmp:
-        fields = {"activation_checkpointing": True} if checkpointing else {}
         cfg = TrainConfig(
             output_dir=tmp,
             max_steps=scale.train_steps + 1,
@@ -164,7 +165,8 @@ def _train_one(scale: Scale, target, shape: str, micro_batch: int, checkpointing
             micro_batch_size=micro_batch,
             num_anchors=scale.anchors,
             progress=False,
-            **fields,
+            activation_checkpointing=checkpointing,
+            attention=attention,
         )
         world = distributed.current_world(target.device)
         trainer = Trainer(cfg, target, drafter, TrainDataset(samples), world)
@@ -186,6 +188,7 @@ def _train_one(scale: Scale, target, shape: str, micro_batch: int, checkpointing
         "tokens_per_seq": scale.tokens,
         "anchors": scale.anchors,
         "activation_checkpointing": checkpointing,
+        "attention": attention,
         "tokens_per_s": round(tokens / seconds, 1),
         "peak_gb": _peak_gb(scale.device),
     }
@@ -197,10 +200,14 @@ def _train(scale: Scale, shape: str) -> dict:
 
     rows = []
     target = _target(scale, shape, scale.target_layers)
-    variants = [(mb, False) for mb in scale.micro_batches] + [(scale.micro_batches[0], True)]
-    for micro_batch, checkpointing in variants:
+    first = scale.micro_batches[0]
+    variants = [(mb, False, "auto") for mb in scale.micro_batches] + [
+        (first, True, "auto"),
+        (first, False, "packed"),
+    ]
+    for micro_batch, checkpointing, attention in variants:
         try:
-            rows.append(_train_one(scale, target, shape, micro_batch, checkpointing))
+            rows.append(_train_one(scale, target, shape, micro_batch, checkpointing, attention))
         except Exception as e:  # an OOM at micro-batch 2 must not hide micro-batch 1's figures
             rows.append(
                 {"micro_batch": micro_batch, "activation_checkpointing": checkpointing, "error": repr(e)}
@@ -286,8 +293,8 @@ def campaign(scale: Scale) -> dict:
 SECTIONS = {
     "env": env,
     "gpu_tests": gpu_tests,
-    "train_qwen3_4b": train_qwen3_4b,
     "train_qwen3_8b": train_qwen3_8b,
+    "train_qwen3_4b": train_qwen3_4b,
     "sps_qwen3_8b": sps_qwen3_8b,
     "engine_qwen3_8b": engine_qwen3_8b,
     "campaign": campaign,

@@ -138,3 +138,34 @@ def test_bf16_training_step_on_cuda_keeps_fp32_weights_and_recomputes_exactly(tm
         losses.append(result.metrics["loss"])
     assert all(torch.isfinite(torch.tensor(losses)))
     assert losses[0] == pytest.approx(losses[1], rel=1e-2)  # bf16 kernels may differ in the last bits
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="flex attention has no backward on the CPU")
+def test_flex_attention_equals_the_packed_path_on_cuda_with_gradients():
+    from dspark.drafters.attention import attend_packed_blocks
+    from dspark.drafters.flex_blocks import attend_packed_blocks_flex, with_flex_mask
+    from tests.unit.drafters.test_flex_blocks import K, packed_mask
+
+    mask = packed_mask()
+    mask = type(mask)(mask.context.to(DEVICE), mask.block_size, mask.spans)
+    _, N, C = mask.context.shape
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, device=DEVICE, requires_grad=True)
+
+    inputs = (
+        rand(1, 4, N * K, 16),
+        rand(1, 2, C, 16),
+        rand(1, 2, C, 16),
+        rand(1, 2, N * K, 16),
+        rand(1, 2, N * K, 16),
+    )
+    packed = attend_packed_blocks(*inputs, mask)
+    flex = attend_packed_blocks_flex(*inputs, with_flex_mask(mask, N * K))
+    torch.testing.assert_close(flex, packed, rtol=0, atol=1e-4)
+    w = torch.randn(packed.shape, generator=g, device=DEVICE)
+    for a, b in zip(
+        torch.autograd.grad((flex * w).sum(), inputs), torch.autograd.grad((packed * w).sum(), inputs)
+    ):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-4)

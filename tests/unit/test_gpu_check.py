@@ -60,7 +60,7 @@ def test_sections_share_the_budget_fail_soft_and_are_all_recorded():
     assert list(sections) == names  # every section has a record, in order
     assert [c[0] for c in calls] == ["env", "gpu_tests", "train_qwen3_4b"]
     assert calls[0][1] == gpu_check.CAPS["env"]  # its own cap while the budget is ample
-    assert calls[2][1] == 75  # min(cap 75, 80 left)
+    assert calls[2][1] == 80  # min(its cap 90, the 80 s left)
     assert sections["gpu_tests"]["status"] == "error" and "boom" in sections["gpu_tests"]["stderr"]
     assert sections["train_qwen3_4b"]["status"] == "timeout"
     for name in ("train_qwen3_8b", "campaign"):  # 5 s left: under MIN_START_S, not started
@@ -100,7 +100,11 @@ def test_dry_run_on_the_cpu_writes_one_json_with_every_requested_section(tmp_pat
     assert list(sections) == ["env", "train_qwen3_8b", "sps_qwen3_8b", "campaign"]
     assert all(s["status"] == "ok" for s in sections.values()), sections
     rows = sections["train_qwen3_8b"]["result"]["rows"]
-    assert [r["activation_checkpointing"] for r in rows] == [False, True]
+    assert [(r["activation_checkpointing"], r["attention"]) for r in rows] == [
+        (False, "auto"),
+        (True, "auto"),
+        (False, "packed"),
+    ]
     assert all(r["tokens_per_s"] > 0 and "error" not in r for r in rows)
     assert sections["sps_qwen3_8b"]["result"]["sps"]  # an SPS table, however small
     assert sections["campaign"]["result"] == {"skipped": "dry run"}

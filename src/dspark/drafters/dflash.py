@@ -36,6 +36,7 @@ from dspark.drafters.common import (
     scaled_embedding,
     slot_factors,
 )
+from dspark.drafters.flex_blocks import with_flex_mask
 from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, dflash_objective
 from dspark.drafters.request_state import (
     DrafterCache,
@@ -113,6 +114,8 @@ class DFlashBackbone(nn.Module):
         # Training only, not part of the config or the checkpoint: recompute each draft layer's
         # activations in the backward instead of keeping them (TrainConfig.activation_checkpointing).
         self.activation_checkpointing = False
+        # Training only too: attend through flex attention (TrainConfig.attention, CUDA by default).
+        self.flex_attention = False
         self.embed_tokens.weight.requires_grad_(False)
         self.lm_head.weight.requires_grad_(False)
 
@@ -166,6 +169,8 @@ class DFlashBackbone(nn.Module):
         h = self.block_embeddings(anchor_ids).view(1, N * K, H).to(h_ctx.dtype)  # [1, N*K, H]
         cos_q, sin_q = self._rope(blocks.positions.view(1, N * K))  # [1, N*K, hd]
         mask = PackedBlockMask(blocks.context_mask().unsqueeze(0), K, blocks.row_spans())  # [1, N, C]
+        if self.flex_attention:
+            mask = with_flex_mask(mask, N * K)
         recompute = self.activation_checkpointing and torch.is_grad_enabled()
         for layer in self.layers:
             args = (layer, h, h_ctx, cos_c, sin_c, cos_q, sin_q, mask)

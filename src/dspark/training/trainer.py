@@ -98,6 +98,9 @@ class TrainConfig:
     # Recompute the draft layers' activations in the backward (less memory, same loss and
     # gradients, ≈ one more drafter forward); DFlash/DSpark only.
     activation_checkpointing: bool = field(default=False, metadata=_RUN_CONTROL)
+    # Packed-block attention of DFlash/DSpark: "flex" = flex attention (compiled on CUDA),
+    # "packed" = attend_packed_blocks; "auto" = flex on CUDA, packed elsewhere. Same outputs.
+    attention: Literal["auto", "packed", "flex"] = field(default="auto", metadata=_RUN_CONTROL)
     parallel: Literal["ddp", "fsdp"] = field(default="ddp", metadata=_RUN_CONTROL)
     find_unused_parameters: bool = field(default=False, metadata=_RUN_CONTROL)
     save_every: int = field(default=1000, metadata=_RUN_CONTROL)  # 0: only at the end
@@ -227,12 +230,15 @@ class Trainer:
 
         # fp32 master weights everywhere; bf16 only inside autocast (SPEC §6).
         drafter.to(device=world.device, dtype=torch.float32).train()
-        if cfg.activation_checkpointing:
-            holders = [m for m in drafter.modules() if hasattr(m, "activation_checkpointing")]
-            if not holders:
-                raise DsparkError(f"{type(drafter).__name__} has no activation checkpointing")
+        flex = cfg.attention == "flex" or (cfg.attention == "auto" and world.device.type == "cuda")
+        wanted = {"activation_checkpointing": cfg.activation_checkpointing, "flex_attention": flex}
+        for flag, on in wanted.items():
+            holders = [m for m in drafter.modules() if hasattr(m, flag)]  # DFlash/DSpark backbones
+            asked = flag == "activation_checkpointing" or cfg.attention == "flex"  # not just "auto"
+            if on and asked and not holders:
+                raise DsparkError(f"{type(drafter).__name__} has no {flag.replace('_', ' ')}")
             for m in holders:
-                m.activation_checkpointing = True
+                setattr(m, flag, on)
         self.model = distributed.wrap(
             _Objective(drafter), world, cfg.parallel, find_unused_parameters=cfg.find_unused_parameters
         )
