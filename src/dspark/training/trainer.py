@@ -101,6 +101,9 @@ class TrainConfig:
     # Packed-block attention of DFlash/DSpark: "flex" = flex attention (compiled on CUDA),
     # "packed" = attend_packed_blocks; "auto" = flex on CUDA, packed elsewhere. Same outputs.
     attention: Literal["auto", "packed", "flex"] = field(default="auto", metadata=_RUN_CONTROL)
+    # Online features: run the micro-batch's samples through the target as one flattened
+    # sequence (no work on padding; online.packed_features) instead of a padded batch.
+    pack_target: bool = field(default=False, metadata=_RUN_CONTROL)
     parallel: Literal["ddp", "fsdp"] = field(default="ddp", metadata=_RUN_CONTROL)
     find_unused_parameters: bool = field(default=False, metadata=_RUN_CONTROL)
     save_every: int = field(default=1000, metadata=_RUN_CONTROL)  # 0: only at the end
@@ -300,7 +303,8 @@ class Trainer:
                     dtype=dtype or torch.float32,
                 )
             else:
-                tb = collate([self.dataset[j] for j in mb.indices], self.pad_id)
+                samples = [self.dataset[j] for j in mb.indices]
+                tb = collate(samples, self.pad_id)
                 batch = online.target_batch(
                     self.target,
                     tb.input_ids,
@@ -309,6 +313,7 @@ class Trainer:
                     generator=generator,
                     device=self.world.device,
                     dtype=dtype,
+                    lengths=[len(s.input_ids) for s in samples] if self.cfg.pack_target else None,
                 )
             with distributed.gradient_sync(self.model, enabled=i == len(micro) - 1):
                 with torch.autocast(self.world.device.type, dtype=torch.bfloat16, enabled=self.use_bf16):
