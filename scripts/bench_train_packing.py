@@ -60,7 +60,7 @@ def main() -> None:
     from dspark.presets.tiny import resolve_target
     from dspark.targets import TargetAdapter
     from dspark.tiny.corpus import training_records
-    from dspark.training.trainer import Trainer, TrainConfig
+    from dspark.training.trainer import TrainConfig, Trainer
 
     target = TargetAdapter.from_pretrained(resolve_target(ns.target), device="cpu")
     records = training_records()
@@ -98,7 +98,9 @@ def main() -> None:
                 times[mode] += time.process_time() - cpu
                 losses[mode] = stats.loss
     rate = {m: tokens[m] / times[m] for m in MODES}
-    print(f"target {ns.target}; {ns.steps} steps x {ns.repeats} turns per mode; {time.time() - started:.0f} s\n")
+    print(
+        f"target {ns.target}; {ns.steps} steps x {ns.repeats} turns per mode; {time.time() - started:.0f} s\n"
+    )
     print("| mode | tokens / CPU-s | vs dense | last loss |")
     print("|---|---:|---:|---:|")
     for m in MODES:
