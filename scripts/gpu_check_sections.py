@@ -259,22 +259,16 @@ def engine_qwen3_8b(scale: Scale) -> dict:
 
 
 def campaign(scale: Scale) -> dict:
-    """The tiny-target drafter campaign until the section's time runs out; drafters copied to $OUT."""
+    """A short tiny-target drafter campaign until the section's time runs out; drafters copied to $OUT."""
     if not scale.campaign:
         return {"skipped": "dry run"}
     work = Path(tempfile.mkdtemp(prefix="dspark-campaign-"))
     out = Path(os.environ.get("OUT") or ROOT) / "campaign-drafters"
-    cmd = [
-        sys.executable,
-        "-m",
-        "dspark",
-        "campaign",
-        "--target",
-        "tiny",
-        "--out",
-        str(work),
-        "--no-progress",
-    ]
+    # A shortened campaign (fewer prompts, epochs and evaluation answers) so that drafters can
+    # finish in the minutes left; the plan's stages and code paths are the full campaign's.
+    short = ["--prompts", "256", "--epochs", "2", "--eval-prompts", "8", "--eval-max-tokens", "64"]
+    cmd = [sys.executable, "-m", "dspark", "campaign", "--target", "tiny", "--out", str(work), *short]
+    cmd.append("--no-progress")
     deadline = float(os.environ.get("GPU_CHECK_SECTION_S", "120")) - 15  # leave time to copy
     try:
         run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(deadline, 10))
@@ -282,12 +276,14 @@ def campaign(scale: Scale) -> dict:
     except subprocess.TimeoutExpired as e:
         rc, tail = "timeout", (e.stderr or b"")[-3000:].decode(errors="replace")
     copied = []
-    for folder in sorted(work.rglob("drafter")):  # the finished runs' drafter folders
-        if folder.is_dir() and (folder / "config.json").exists():
-            dest = out / folder.relative_to(work).parent
-            shutil.copytree(folder, dest / "drafter", dirs_exist_ok=True)
-            copied.append(str(dest.relative_to(out)))
-    status = subprocess.run(cmd[:-1] + ["--status"], cwd=ROOT, capture_output=True, text=True)
+    for folder in sorted((work / "drafters").glob("*")):  # the campaign's finished drafters/<method>
+        if (folder / "config.json").is_file():
+            shutil.copytree(folder, out / folder.name, dirs_exist_ok=True)
+            copied.append(folder.name)
+    for record in work.glob("*.json"):  # the campaign's own state and results
+        out.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(record, out / record.name)
+    status = subprocess.run([*cmd[:-1], "--status"], cwd=ROOT, capture_output=True, text=True)
     return {"rc": rc, "status": status.stdout[-2000:], "drafters": copied, "tail": tail}
 
 
