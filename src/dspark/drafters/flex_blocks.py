@@ -64,6 +64,8 @@ def with_flex_mask(mask: PackedBlockMask, num_queries: int) -> PackedBlockMask:
     if mask.prefix is not None:
         raise ValueError("flex attention does not take a prefix (Eagle3); use attend_packed_blocks")
     B, _, C = mask.context.shape
+    if C == 0:  # every anchor at position 0: nothing to mask but the blocks, the packed path does it
+        return mask
     device = mask.context.device
     mod = block_mask_mod(mask.context, mask.block_size)
     flex = create_block_mask(

@@ -76,3 +76,10 @@ def test_a_drafter_gives_the_same_loss_through_flex_attention(target, name):
         drafter.flex_attention = flex
         losses.append(drafter.loss(drafter.forward_train(batch)).loss)
     torch.testing.assert_close(losses[1], losses[0], rtol=0, atol=1e-5)
+
+
+def test_without_any_context_the_packed_path_is_kept():
+    ids = torch.zeros(1, 8, dtype=torch.long)
+    blocks = pack_blocks(block_layout(ids, torch.ones_like(ids, dtype=torch.bool), torch.tensor([[0]]), K), 8)
+    mask = PackedBlockMask(blocks.context_mask().unsqueeze(0), K, blocks.row_spans())
+    assert mask.context.shape[-1] == 0 and with_flex_mask(mask, K).flex_mask is None
