@@ -65,6 +65,17 @@ def request_cache(
     return state.drafter_cache
 
 
+def sync_requests(
+    states, sampling, sync, *, num_layers: int, dims: DecoderDims, like: Tensor
+) -> list[torch.Generator | None]:
+    """Create each request's missing cache (:func:`request_cache`), let ``sync(state)`` absorb
+    its newly committed features; returns the per-request generators."""
+    for state, params in zip(states, sampling):
+        request_cache(state, params, num_layers, dims, like)
+        sync(state)
+    return [s.drafter_cache.generator for s in states]
+
+
 def batch_context(caches: list[ContextKV]) -> tuple[Tensor, Tensor]:
     """R requests' context K/V right-padded, ``[n_layers, 2, R, nkv, Cmax, hd]``, and lengths ``[R]``."""
     views = [c.view() for c in caches]
