@@ -137,19 +137,16 @@ def main_train(args: argparse.Namespace) -> int:
     from dspark.drafters.kinds import KINDS
     from dspark.drafters.target_choices import apply_target_choices
     from dspark.eval.online import online_tau_eval
-    from dspark.training.trainer import TrainConfig, train
+    from dspark.training.recipe import train_config
+    from dspark.training.trainer import train
 
     set_threads(args.threads)
     template_kwargs = args.template_kwargs
     config = _drafter_config(args.drafter, args.preset, is_tiny(args.target))
-    cfg = TrainConfig(
-        output_dir=str(args.out),
+    cfg = train_config(
+        args.out,
+        args,
         max_steps=args.steps,
-        global_batch_size=args.batch_size,
-        micro_batch_size=args.micro_batch_size,
-        lr=args.lr,
-        num_anchors=args.num_anchors,
-        seed=args.seed,
         parallel=args.parallel,
         save_every=args.save_every,
         eval_every=args.eval_every,
