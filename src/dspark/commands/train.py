@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dspark.commands.loading import TINY_CORPUS
 from dspark.commands.options import add_target, add_template_kwargs, add_threads
-from dspark.drafters.registry import TRAINABLE
+from dspark.drafters.registry import MASK_TOKEN_METHODS, TRAINABLE
 from dspark.errors import DsparkError
 
 log = logging.getLogger(__name__)
@@ -48,8 +48,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--mask-token",
         default=None,
-        help="dflash/dspark block mask input: an existing token or id, or 'learned' (a trainable "
-        "embedding); default: the tokenizer's mask token",
+        help=f"{'/'.join(MASK_TOKEN_METHODS)} block mask input: an existing token or id, or 'learned' "
+        "(a trainable embedding); default: the tokenizer's mask token",
     )
     p.add_argument("--steps", type=int, default=300, help="optimizer steps")
     p.add_argument("--batch-size", type=int, default=8, help="global batch (sequences per optimizer step)")
