@@ -219,14 +219,7 @@ class DFlashBackbone(nn.Module):
         self, states: list[SequenceState], sampling: list[SamplingParams]
     ) -> list[torch.Generator | None]:
         """Create missing caches, absorb new features; returns the per-request generators."""
-        return sync_requests(
-            states,
-            sampling,
-            self.sync_context,
-            num_layers=len(self.layers),
-            dims=self.dims,
-            like=self.fc.weight,
-        )
+        return sync_requests(self, states, sampling)
 
     def update(self, state: SequenceState, num_accepted: int, new_features: Tensor | None) -> None:
         """Absorb a verified round: extend the context cache from ``state.features``.

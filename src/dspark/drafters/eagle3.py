@@ -222,14 +222,7 @@ class Eagle3Drafter(nn.Module):
             return DraftBlock.empty(R, self.dims.vocab_size)
         if min(len(s.token_ids) for s in states) < 2:
             raise ValueError("Eagle3 needs one committed token before the anchor")
-        generators = sync_requests(
-            states,
-            sampling,
-            self.sync_context,
-            num_layers=len(self.layers),
-            dims=self.dims,
-            like=self.fc.weight,
-        )
+        generators = sync_requests(self, states, sampling)
         kv, lengths = batch_context([s.drafter_cache.context for s in states])  # [1, 2, R, nkv, C, hd]
         device = kv.device
         anchor_pos = torch.tensor([len(s.token_ids) - 1 for s in states], device=device)  # [R]
