@@ -236,7 +236,8 @@ class Trainer:
         flex = cfg.attention == "flex" or (cfg.attention == "auto" and world.device.type == "cuda")
         wanted = {"activation_checkpointing": cfg.activation_checkpointing, "flex_attention": flex}
         for flag, on in wanted.items():
-            holders = [m for m in drafter.modules() if hasattr(m, flag)]  # DFlash/DSpark backbones
+            parts = [*drafter.modules(), getattr(drafter, "backbone", None)]  # held: drafters/parts.py
+            holders = [m for m in parts if m is not None and hasattr(m, flag)]  # DFlash/DSpark backbones
             asked = flag == "activation_checkpointing" or cfg.attention == "flex"  # not just "auto"
             if on and asked and not holders:
                 raise DsparkError(f"{type(drafter).__name__} has no {flag.replace('_', ' ')}")

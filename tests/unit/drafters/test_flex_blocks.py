@@ -73,7 +73,7 @@ def test_a_drafter_gives_the_same_loss_through_flex_attention(target, name):
     batch = online.target_batch(target, ids, loss_mask, num_anchors=5, generator=g)
     losses = []
     for flex in (False, True):
-        drafter.flex_attention = flex
+        drafter.backbone.flex_attention = flex
         losses.append(drafter.loss(drafter.forward_train(batch)).loss)
     torch.testing.assert_close(losses[1], losses[0], rtol=0, atol=1e-5)
 

@@ -49,7 +49,7 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients(target, name
         target, tb.input_ids, tb.loss_mask, num_anchors=4, generator=torch.Generator().manual_seed(0)
     )
     loss, grads = _loss_and_grads(drafter, batch)
-    drafter.activation_checkpointing = True
+    drafter.backbone.activation_checkpointing = True
     loss_ckpt, grads_ckpt = _loss_and_grads(drafter, batch)
     assert torch.equal(loss, loss_ckpt)
     assert grads.keys() == grads_ckpt.keys() and any("layers.1" in k for k in grads)
@@ -66,7 +66,7 @@ def test_activation_checkpointing_really_recomputes(target):
     batch = online.target_batch(target, tb.input_ids, tb.loss_mask, num_anchors=4)
     for flag, expected in ((False, 1), (True, 2)):
         calls.clear()
-        drafter.activation_checkpointing = flag
+        drafter.backbone.activation_checkpointing = flag
         drafter.loss(drafter.forward_train(batch)).loss.backward()
         assert len(calls) == expected
 
@@ -77,7 +77,7 @@ def test_train_config_switches_checkpointing_on_and_refuses_drafters_without_it(
     )
     drafter = BUILDERS["dspark"](target)
     Trainer(cfg, target, drafter, _dataset(), _world(target))
-    assert drafter.activation_checkpointing
+    assert drafter.backbone.activation_checkpointing
     assert "activation_checkpointing" not in cfg.identity()  # run control: a resume may switch it
     eagle = Eagle3Drafter.from_target(target, Eagle3Config(block_size=3))
     with pytest.raises(DsparkError, match="activation checkpointing"):
