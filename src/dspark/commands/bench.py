@@ -13,12 +13,13 @@ import logging
 import sys
 
 from dspark.commands.argtypes import non_negative_float, positive_int
-from dspark.commands.options import add_block_size, add_drafter, add_drafters, add_target
+from dspark.commands.options import add_block_size, add_drafter, add_drafters, add_dtype, add_target
 from dspark.errors import DsparkError
 
 
 def add_bench_decode_args(p: argparse.ArgumentParser) -> None:
     add_target(p)
+    add_dtype(p)
     p.add_argument(
         "--bench",
         default="code",
@@ -62,14 +63,14 @@ def add_bench_decode_args(p: argparse.ArgumentParser) -> None:
 def main_bench_decode(args: argparse.Namespace) -> int:
     """Batch-1 greedy tokens/s of HF generate vs our loop with each drafter, as ratios from one run."""
     from dspark import conditions as run_conditions
-    from dspark.commands.loading import load_target
+    from dspark.commands.loading import load_inference_target, load_target
     from dspark.data.prompts import load_prompts
     from dspark.drafters.registry import build_drafter
     from dspark.eval.decode_speed import batch1_engine, bench_decode, verify_cost_ratio
 
     # Every prompt set is read (and a bad one refused) before anything is decoded.
     prompt_sets = {bench: load_prompts(bench, args.limit) for bench in args.bench.split(",")}
-    target = load_target(args.target)
+    target = load_inference_target(args.target, args.dtype)
     conditions = run_conditions.for_target(target)
     drafters = {name: build_drafter(name, target) for name in args.drafters.split(",")}
     policies = [p.strip() for p in args.engine_policies.split(",") if p.strip()]
@@ -127,6 +128,7 @@ def main_bench_decode(args: argparse.Namespace) -> int:
 
 def add_bench_target_args(p: argparse.ArgumentParser) -> None:
     add_target(p)
+    add_dtype(p)
     p.add_argument("--limit", type=positive_int, default=40, help="prompts per built-in domain")
     p.add_argument("--max-tokens", type=positive_int, default=384, help="tokens per answer")
     p.add_argument("--samples", type=int, default=3, help="sample answers to print per domain")
@@ -134,10 +136,10 @@ def add_bench_target_args(p: argparse.ArgumentParser) -> None:
 
 def main_bench_target(args: argparse.Namespace) -> int:
     """How structured the target's greedy answers are on the built-in math/code/chat prompts."""
-    from dspark.commands.loading import load_target
+    from dspark.commands.loading import load_inference_target
     from dspark.eval.target_report import target_report
 
-    target = load_target(args.target)
+    target = load_inference_target(args.target, args.dtype)
     reports = target_report(target, limit=args.limit, max_tokens=args.max_tokens, samples=args.samples)
     print(json.dumps([r.as_dict() for r in reports], indent=2))
     for r in reports:
@@ -148,6 +150,7 @@ def main_bench_target(args: argparse.Namespace) -> int:
 
 def add_bench_overhead_args(p: argparse.ArgumentParser) -> None:
     add_target(p)
+    add_dtype(p)
     add_drafter(p, default="dspark", purpose="a drafter with a sequential (Markov/RNN) head", with_none=False)
     p.add_argument("--batch", default="1,8", help="comma-separated request counts")
     p.add_argument("--repeats", type=positive_int, default=20, help="timings per part (the median is kept)")
@@ -156,13 +159,13 @@ def add_bench_overhead_args(p: argparse.ArgumentParser) -> None:
 def main_bench_overhead(args: argparse.Namespace) -> int:
     """Cost of DSpark's sequential (Markov/RNN) sampling loop as a share of a round (goal ≤ 1.3%)."""
     from dspark import conditions as run_conditions
-    from dspark.commands.loading import load_target
+    from dspark.commands.loading import load_inference_target
     from dspark.data.chat import prompt_ids
     from dspark.data.prompts import load_prompts
     from dspark.drafters.registry import build_drafter
     from dspark.eval.overhead import sequential_head_overhead
 
-    target = load_target(args.target)
+    target = load_inference_target(args.target, args.dtype)
     drafter = build_drafter(args.drafter, target)
     if getattr(drafter, "markov_head", None) is None:
         raise DsparkError(f"{args.drafter!r} has no sequential head to measure")
@@ -187,6 +190,7 @@ def main_bench_overhead(args: argparse.Namespace) -> int:
 
 def add_bench_serve_args(p: argparse.ArgumentParser) -> None:
     add_target(p)
+    add_dtype(p)
     add_drafter(p, default="dflash", purpose="drafter of every policy but 'none'")
     p.add_argument(
         "--policies",
@@ -224,7 +228,7 @@ def main_bench_serve(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from dspark import conditions as run_conditions
-    from dspark.commands.loading import load_target
+    from dspark.commands.loading import load_inference_target
     from dspark.data.prompts import load_prompts
     from dspark.drafters.registry import build_drafter
     from dspark.server.load import bench_serve, plot_load
@@ -239,7 +243,7 @@ def main_bench_serve(args: argparse.Namespace) -> int:
     sets = [[p.turns[0] for p in load_prompts(spec.strip(), args.limit)] for spec in args.prompts.split(",")]
     # Interleaved (math, code, chat, math, ...): every point, whatever its size, sees the same mix.
     prompts = [p for group in itertools.zip_longest(*sets) for p in group if p is not None]
-    target = load_target(args.target)
+    target = load_inference_target(args.target, args.dtype)
     drafter = build_drafter(args.drafter, target)
     conditions = run_conditions.for_target(target)
 

@@ -16,10 +16,11 @@ import logging
 import sys
 from pathlib import Path
 
-from dspark.commands.loading import load_drafters, load_target, parse_drafter_specs, set_threads
+from dspark.commands.loading import load_drafters, load_inference_target, parse_drafter_specs, set_threads
 from dspark.commands.options import (
     add_device,
     add_drafters,
+    add_dtype,
     add_no_progress,
     add_target,
     add_template_kwargs,
@@ -39,6 +40,7 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
     """``--target``, ``--device`` and ``--threads``: where the target runs."""
     add_target(p)
     add_device(p)
+    add_dtype(p)
     add_threads(p)
 
 
@@ -81,7 +83,7 @@ def setup_threads(args: argparse.Namespace) -> None:
 
 
 def load_eval_target(args: argparse.Namespace):
-    return load_target(args.target, device=args.device)
+    return load_inference_target(args.target, args.dtype, device=args.device)
 
 
 def load_benchmarks(args: argparse.Namespace, *, skip: int = 0):

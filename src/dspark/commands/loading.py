@@ -40,6 +40,13 @@ def load_target(spec: str | None, **kwargs) -> TargetAdapter:
     return TargetAdapter.from_pretrained(resolve_target(spec), **kwargs)
 
 
+def load_inference_target(spec: str | None, dtype: str | None = "auto", device=None) -> TargetAdapter:
+    """The target of a decoding command in the dtype of ``--dtype`` (``auto``: bf16 where native)."""
+    from dspark.targets.dtype import inference_dtype
+
+    return load_target(spec, dtype=inference_dtype(dtype, device), device=device)
+
+
 def parse_drafter_specs(text: str) -> dict[str, str]:
     """``"dspark,dflash=runs/a/drafter"`` → ``{"dspark": "dspark", "dflash": "runs/a/drafter"}``.
 
