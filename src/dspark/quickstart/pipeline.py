@@ -93,7 +93,7 @@ class Quickstart:
         # Data and training keep the trainer's dtype (fp32 on the CPU); evaluation and
         # serving decode in the inference dtype (bf16 where native, targets/dtype.py).
         self.target = TargetAdapter.from_pretrained(str(tiny_target_dir()))
-        decode_dtype = inference_dtype(dtype, self.target.device)
+        decode_dtype = inference_dtype(dtype, self.target.device, hidden_size=self.target.hidden_size)
         self.decode_target = (
             self.target
             if decode_dtype == self.target.dtype

@@ -2,9 +2,13 @@
 
 ``auto`` is bf16 where the hardware computes it natively — every CUDA device we run on,
 and CPUs with bf16 dot-product instructions (x86 ``avx512_bf16`` / ``amx_bf16`` with
-torch's AVX-512 kernels in use, Arm ``bf16``) — and fp32 elsewhere. On a CPU without
-them bf16 is emulated and slower than fp32. Verifying k tokens costs far less in bf16
-on such CPUs (issue 17: 1.08× a decode step at k = 8 vs 1.47× in fp32 on the tiny target).
+torch's AVX-512 kernels in use, Arm ``bf16``) for targets of hidden size >=
+:data:`BF16_MIN_HIDDEN` — and fp32 elsewhere. On a CPU without them bf16 is emulated and
+slower than fp32. On SmolLM2-135M (hidden 576) bf16 makes the decode step 1.26× faster
+and verifying 8 tokens cost 1.07× a decode step instead of 1.69× (issue 17). Below that
+size oneDNN's bf16 GEMMs of a few rows cost more than fp32's (hidden 256: a [7, 256] x
+[256, 768] product takes 89 µs in bf16, 30 µs in fp32, one thread), so the embedded tiny
+target decodes faster in fp32 and ``auto`` keeps it there (BENCHMARKS.md, issue 17).
 
 Training does not use this: it keeps its own dtype rules (fp32 on the CPU).
 Losslessness holds against the target as loaded: greedy speculative output equals the
@@ -22,6 +26,7 @@ DTYPE_CHOICES = ("auto", "float32", "bfloat16")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})  # x86 (AVX-512, AMX), Arm (FEAT_BF16)
 X86_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+BF16_MIN_HIDDEN = 512  # CPU: smaller targets run faster in fp32 (module docstring)
 
 
 def cpu_flags(cpuinfo: str) -> frozenset[str]:
@@ -55,8 +60,13 @@ def cpu_has_native_bf16() -> bool:
     return native_bf16(cpu_flags(text), torch.backends.cpu.get_cpu_capability())
 
 
-def inference_dtype(choice: str | None, device: str | torch.device | None = None) -> torch.dtype:
-    """The dtype of ``--dtype choice`` on ``device`` (None: CUDA if present, else the CPU)."""
+def inference_dtype(
+    choice: str | None, device: str | torch.device | None = None, *, hidden_size: int | None = None
+) -> torch.dtype:
+    """The dtype of ``--dtype choice`` on ``device`` (None: CUDA if present, else the CPU).
+
+    ``hidden_size`` is the target's (None: unknown, taken as large enough for bf16).
+    """
     choice = choice or "auto"
     if choice != "auto":
         if choice not in DTYPES:
@@ -65,6 +75,7 @@ def inference_dtype(choice: str | None, device: str | torch.device | None = None
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda":
         return torch.bfloat16
-    if device.type == "cpu" and cpu_has_native_bf16():
+    small = hidden_size is not None and hidden_size < BF16_MIN_HIDDEN
+    if device.type == "cpu" and not small and cpu_has_native_bf16():
         return torch.bfloat16
     return torch.float32

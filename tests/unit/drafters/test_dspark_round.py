@@ -1,10 +1,10 @@
 """DSpark's cheaper batch-1 round (issue 17) drafts exactly what the per-step loop drafted.
 
-The reference below is the loop as it was: every step processes ``U_k + B_k`` through
-``batch_probs`` (one-hot at the argmax when greedy), draws with ``sample_tokens`` and
-computes that step's confidence. The greedy path now keeps only the argmax per step and
-computes the confidences of the whole block at once; tokens and probabilities must be
-bitwise equal, confidences equal to rounding.
+The reference (``eval/round_cost.py: per_step_loop``) is the loop as it was: every step
+processes ``U_k + B_k`` through ``batch_probs`` (one-hot at the argmax when greedy), draws
+with ``sample_tokens`` and computes that step's confidence. The greedy path now keeps only
+the argmax per step and computes the confidences of the whole block at once; tokens and
+probabilities must be bitwise equal, confidences equal to rounding.
 """
 
 from __future__ import annotations
@@ -12,10 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dspark.drafters.request_state import sample_tokens
-from dspark.heads import scale_confidence_logits
+from dspark.eval.round_cost import per_step_loop
 from dspark.protocols import SamplingParams
-from dspark.sampling.probs import batch_probs
 
 from .builders import BLOCK, build, make_state, prompt
 
@@ -26,19 +24,8 @@ def reference_round(drafter, states, sampling):
     """The per-step loop of DSpark's ``propose`` before issue 17: tokens, probs, confidences."""
     generators = drafter.prepare(states, sampling)
     h = drafter.block_hidden_infer(states)[:, :BLOCK]
-    base = drafter.logits(h)
     prev = torch.tensor([s.token_ids[-1] for s in states])
-    state = drafter.markov_head.initial_state(len(states), h)
-    tokens, probs, conf = [], [], []
-    for k in range(BLOCK):
-        bias, emb, state = drafter.markov_head.step(prev, h[:, k], state)
-        p_k = batch_probs((base[:, k] + bias.float()).unsqueeze(1), sampling).squeeze(1)
-        prev = sample_tokens(p_k, sampling, generators)
-        conf.append(drafter._confidence_logits(h[:, k], emb))
-        tokens.append(prev)
-        probs.append(p_k)
-    scaled = scale_confidence_logits(torch.stack(conf, -1).float(), drafter.config.sts_temperatures)
-    return torch.stack(tokens, -1), torch.stack(probs, 1), torch.sigmoid(scaled)
+    return per_step_loop(drafter, h, drafter.logits(h), prev, sampling, generators)
 
 
 @pytest.mark.parametrize("name", ["dspark_markov", "dspark_rnn"])
@@ -50,13 +37,17 @@ def test_greedy_round_equals_the_per_step_loop(target, name, dtype, batch):
     with torch.no_grad():
         drafter.markov_head.markov_w2.weight.mul_(8.0)
     contexts = [prompt(9 + 2 * r, seed=r) for r in range(batch)]
-    fast = drafter.propose([make_state(target, c, r) for r, c in enumerate(contexts)], BLOCK, [GREEDY] * batch)
+    fast = drafter.propose(
+        [make_state(target, c, r) for r, c in enumerate(contexts)], BLOCK, [GREEDY] * batch
+    )
     tokens, probs, conf = reference_round(
         drafter, [make_state(target, c, r) for r, c in enumerate(contexts)], [GREEDY] * batch
     )
     assert torch.equal(fast.tokens, tokens)
     assert torch.equal(fast.probs, probs) and fast.probs.dtype == torch.float32
-    torch.testing.assert_close(fast.confidences, conf, rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        fast.confidences, conf, rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-6
+    )
     # the head mattered: the drafts are not those of the backbone alone
     first = [make_state(target, contexts[0])]
     drafter.prepare(first, [GREEDY])
