@@ -294,6 +294,12 @@ def add_bench_round_args(p: argparse.ArgumentParser) -> None:
         help="comma-separated dtypes to load the target in, one after the other in this process",
     )
     add_drafter(p, default="dspark", purpose="a drafter with a sequential (Markov/RNN) head", with_none=False)
+    p.add_argument(
+        "--untrained",
+        action="store_true",
+        help="time an untrained DSpark drafter of the shipped one's shape (2 layers, rank 64) built "
+        "for --target (timings do not depend on the weights; for targets without a shipped drafter)",
+    )
     p.add_argument("--bench", default="math", help="built-in prompt set of the engine decodes")
     p.add_argument("--limit", type=positive_int, default=3, help="prompts decoded through the engine")
     p.add_argument("--max-tokens", type=positive_int, default=48, help="tokens per engine answer")
@@ -323,7 +329,11 @@ def main_bench_round(args: argparse.Namespace) -> int:
     for name in names:
         target = load_target(args.target, dtype=DTYPES[name])
         conditions = conditions or run_conditions.for_target(target)
-        drafter = build_drafter(args.drafter, target)
+        drafter = (
+            untrained_dspark(target, args.block_size)
+            if args.untrained
+            else build_drafter(args.drafter, target)
+        )
         if getattr(drafter, "markov_head", None) is None:
             raise DsparkError(f"{args.drafter!r} has no sequential head to measure")
         prompts = [prompt_ids(target.tokenizer, p) for p in load_prompts(args.bench, args.limit)]
@@ -352,6 +362,7 @@ def main_bench_round(args: argparse.Namespace) -> int:
             ("propose_s", "propose, now"),
             ("engine_forward_s", "engine step: target forward"),
             ("engine_draft_s", "engine step: propose"),
+            ("engine_update_s", "engine step: drafter update"),
             ("engine_bookkeeping_s", "engine step: bookkeeping"),
         ]
         print(f"{'ms per part':<40}" + "".join(f"{r.dtype:>12}" for r in rows))
@@ -362,3 +373,15 @@ def main_bench_round(args: argparse.Namespace) -> int:
     if conditions.warning():
         print(f"warning: {conditions.warning()}", file=sys.stderr)
     return 0
+
+
+def untrained_dspark(target, block_size: int):
+    """A seeded random-init DSpark drafter for ``target``, shaped as the shipped tiny one."""
+    import torch
+
+    from dspark.drafters.dspark import DSparkConfig, DSparkDrafter
+
+    torch.manual_seed(0)
+    mask = target.tokenizer.pad_token_id if target.tokenizer is not None else None
+    config = DSparkConfig(num_layers=2, block_size=block_size, markov_rank=64, mask_token_id=mask or 0)
+    return DSparkDrafter.from_target(target, config).eval()

@@ -450,7 +450,9 @@ class Engine:
             if cut.finish_reason is not None:
                 finished.append((req, cut))
             elif self.drafter is not None:
+                update_started = time.perf_counter()
                 self.drafter.update(req.state, accepted, new_features)
+                self.stats.update_s += time.perf_counter() - update_started
         # Free slots only now: a release moves another request's slot, whose committed
         # length must already include this step's tokens.
         for req, cut in finished:

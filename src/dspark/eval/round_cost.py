@@ -9,8 +9,9 @@
   today's and :func:`per_step_loop`, the loop as it was before issue 17, timed side by
   side in the same process;
 * whole batch-1 engine decodes of the prompts, whose :class:`~dspark.engine.EngineStats`
-  split each step into the target forward, ``propose`` and the engine's own bookkeeping
-  (everything else: scheduling, gathering rows, verification, commit).
+  split each step into the target forward, ``propose``, ``update`` (the drafter absorbing
+  the verified tokens' features) and the engine's own bookkeeping (everything else:
+  scheduling, gathering rows, verification, commit).
 
 Medians of ``repeats`` timings; the machine is shared, so the ratios are what to compare.
 """
@@ -78,8 +79,9 @@ class RoundBreakdown:
     propose_s: float  # drafter.propose as a whole
     engine_steps: int
     engine_forward_s: float  # per engine step
-    engine_draft_s: float  # per engine step
-    engine_bookkeeping_s: float  # per engine step: all but the forward and propose
+    engine_draft_s: float  # per engine step: propose
+    engine_update_s: float  # per engine step: drafter.update (the new features into its context)
+    engine_bookkeeping_s: float  # per engine step: all but the forward, propose and update
     engine_tokens_per_s: float
 
     @property
@@ -192,6 +194,7 @@ def round_breakdown(
         engine_steps=s.steps,
         engine_forward_s=s.forward_s / steps,
         engine_draft_s=s.draft_s / steps,
-        engine_bookkeeping_s=(s.step_s - s.forward_s - s.draft_s) / steps,
+        engine_update_s=s.update_s / steps,
+        engine_bookkeeping_s=(s.step_s - s.forward_s - s.draft_s - s.update_s) / steps,
         engine_tokens_per_s=s.emitted / seconds if seconds else 0.0,
     )
