@@ -102,7 +102,7 @@ def drafter_folder(spec: str) -> Path:
 
 def training_records(specs: list[str], limit: int | None = None) -> list[dict]:
     """The records of ``--data``: JSONL files, or ``tiny-corpus``; the first ``limit``."""
-    from dspark.data.samples import read_jsonl
+    from dspark.data.records import read_jsonl
 
     records: list[dict] = []
     for spec in specs:

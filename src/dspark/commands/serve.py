@@ -20,6 +20,27 @@ from dspark.errors import DsparkError
 logger = logging.getLogger(__name__)
 
 
+class _PolicyArgument(argparse.Action):
+    """``--scheduler``: its help lists the rows of the scheduler's policy registry.
+
+    The registry imports torch, so the list is read when the help is shown, not when the
+    parser is built (``dspark`` answers argument errors without importing torch).
+    """
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+
+    @property
+    def help(self) -> str:
+        from dspark.scheduler.policies import policy_spellings
+
+        return f"verification policy: {policy_spellings()} (DESIGN §9)"
+
+    @help.setter
+    def help(self, value: str | None) -> None:  # argparse assigns it; the property is the help
+        pass
+
+
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     add_target(p)
     add_dtype(p)
@@ -27,7 +48,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--scheduler",
         default="prefix",
-        help="verification policy: fixed | fixed:k | threshold:t | prefix | prefix-async (DESIGN §9)",
+        action=_PolicyArgument,
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for every interface)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (0 = any free port)")

@@ -1,4 +1,4 @@
-"""DSpark: the DFlash backbone + a sequential head + a confidence head (SPEC §5.3; paper §3).
+"""DSpark: a DFlash backbone + a sequential head + a confidence head (SPEC §5.3; paper §3).
 
 Block distribution (paper Eq. 4): ``p_k(v | x_0, x_<k) = softmax(U_k + B_k(x_0, x_<k, ·))``
 where ``U_k`` are the backbone's base logits of slot k and ``B_k`` the sequential head's
@@ -18,11 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from dspark.drafters.blocks import batch_layout, pack_blocks
 from dspark.drafters.common import DecoderDims, build_from_target
-from dspark.drafters.dflash import DFlashBackbone
+from dspark.drafters.dflash import DFlashBackbone, hold_backbone
 from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, dspark_objective
 from dspark.drafters.request_state import assert_states, sample_tokens
 from dspark.heads import MARKOV_HEAD_TYPES, ConfidenceHead, build_sequential_head, scale_confidence_logits
@@ -66,18 +66,18 @@ class DSparkConfig:
             raise ValueError(f"sts_temperatures must be > 0, got {self.sts_temperatures}")
 
 
-class DSparkDrafter(DFlashBackbone):
-    """Semi-autoregressive drafter: parallel backbone, sequential sampling loop, confidences."""
+class DSparkDrafter(nn.Module):
+    """Semi-autoregressive drafter: parallel backbone, sequential sampling loop, confidences.
+
+    It holds a :class:`~dspark.drafters.dflash.DFlashBackbone` (``self.backbone``) whose
+    weights keep their own names beside the heads' (``fc.weight``, ``markov_head.*``).
+    """
+
+    backbone: DFlashBackbone
 
     def __init__(self, config: DSparkConfig, dims: DecoderDims) -> None:
-        super().__init__(
-            dims,
-            num_layers=config.num_layers,
-            block_size=config.block_size,
-            target_layer_ids=config.target_layer_ids,
-            mask_token_id=config.mask_token_id,
-            mask_embedding=config.mask_embedding,
-        )
+        super().__init__()
+        hold_backbone(self, config, dims)
         self.config = config
         r = config.markov_rank
         self.markov_head = None
@@ -105,10 +105,10 @@ class DSparkDrafter(DFlashBackbone):
     def forward_train(self, batch: TrainBatch) -> TrainOutput:
         """Markov-corrected logits and confidences of every real block ``[1, N, K, ...]``, teacher-forced.
 
-        SPEC §5.3, §6; the blocks are packed as in :meth:`DFlashBackbone.block_hidden_train`.
+        SPEC §5.3, §6; the blocks are packed by :meth:`DFlashBackbone.block_hidden_train`.
         """
         blocks = pack_blocks(batch_layout(batch, self.block_size), batch.input_ids.shape[1])
-        h = self.block_hidden_train(batch, blocks).unsqueeze(0)  # [1, N, K, H]
+        h = self.backbone.block_hidden_train(batch, blocks).unsqueeze(0)  # [1, N, K, H]
         # Slot k sits at position a + k, whose ground-truth token is x_{k-1} (slot 0: the anchor);
         # slots past the end are invalid, any index will do.
         at = blocks.positions.clamp_max(batch.input_ids.shape[1] - 1)  # [N, K]
@@ -125,13 +125,17 @@ class DSparkDrafter(DFlashBackbone):
             labels=blocks.labels.unsqueeze(0),
             valid=blocks.valid.unsqueeze(0),
             confidences=confidences,
-            factors=self.slot_factors(h, batch, blocks, low_rank),
+            factors=self.backbone.slot_factors(h, batch, blocks, low_rank),
         )
 
     def loss(self, out: TrainOutput) -> LossOutput:
         return compute_loss(out, self.config.objective)
 
     # -- inference ---------------------------------------------------------------------------
+
+    def update(self, state: SequenceState, num_accepted: int, new_features: Tensor | None) -> None:
+        """Absorb a verified round (:meth:`DFlashBackbone.update`)."""
+        self.backbone.update(state, num_accepted, new_features)
 
     @torch.no_grad()
     def propose(
@@ -143,9 +147,10 @@ class DSparkDrafter(DFlashBackbone):
         R = len(states)
         if K == 0 or R == 0:
             return DraftBlock.empty(R, self.dims.vocab_size)
-        generators = self.prepare(states, sampling)
-        h = self.block_hidden_infer(states)[:, :K]  # [R, K, H]
-        base = self.logits(h)  # [R, K, V] fp32
+        backbone = self.backbone
+        generators = backbone.prepare(states, sampling)
+        h = backbone.block_hidden_infer(states)[:, :K]  # [R, K, H]
+        base = backbone.logits(h)  # [R, K, V] fp32
         anchors = torch.tensor([s.token_ids[-1] for s in states], device=h.device)  # [R]: x_0
         if all(p.greedy for p in sampling):
             tokens, markov_embs = self._greedy_loop(h, base, anchors)

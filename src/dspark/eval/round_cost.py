@@ -123,9 +123,9 @@ def round_breakdown(
     ids = prompts[0]
     state = _state(target, drafter, ids)
     K = min(block_size, drafter.block_size)
-    drafter.prepare([state], [GREEDY])
-    h = drafter.block_hidden_infer([state])[:, :K]  # [1, K, H]
-    base = drafter.logits(h)
+    drafter.backbone.prepare([state], [GREEDY])
+    h = drafter.backbone.block_hidden_infer([state])[:, :K]  # [1, K, H]
+    base = drafter.backbone.logits(h)
     anchor = torch.tensor([ids[-1]], device=target.device)
 
     def loop():
@@ -156,7 +156,7 @@ def round_breakdown(
         )
 
     def backbone():
-        drafter.logits(drafter.block_hidden_infer([state])[:, :K])
+        drafter.backbone.logits(drafter.backbone.block_hidden_infer([state])[:, :K])
 
     def loop_before():
         per_step_loop(drafter, h, base, anchor, [GREEDY], [None])
@@ -166,19 +166,15 @@ def round_breakdown(
             "decode_step_s": _median(forward(1), repeats),
             "verify_s": _median(forward(K + 1), repeats),
             "sampling_s": _median(sampling, repeats),
-            "backbone_s": _median(
-                lambda: drafter.logits(drafter.block_hidden_infer([state])[:, :K]), repeats
-            ),
+            "backbone_s": _median(backbone, repeats),
             "loop_s": _median(loop, repeats),
-            "loop_before_s": _median(
-                lambda: per_step_loop(drafter, h, base, anchor, [GREEDY], [None]), repeats
-            ),
+            "loop_before_s": _median(loop_before, repeats),
             "propose_s": _median(lambda: drafter.propose([state], K, [GREEDY]), repeats),
         }
-    config = EngineConfig(
-        block_size=K, policy="fixed", max_batch=1, max_seq_len=min(1024, target.max_context)
+    context = min(1024, target.max_context)
+    engine = Engine(
+        target, drafter, EngineConfig(block_size=K, policy="fixed", max_batch=1, max_seq_len=context)
     )
-    engine = Engine(target, drafter, config)
     engine.generate([prompts[0][:8]], SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
     engine.stats = type(engine.stats)()
     started = time.perf_counter()

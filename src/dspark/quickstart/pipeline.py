@@ -162,23 +162,20 @@ class Quickstart:
         def run() -> dict[str, Any]:
             import dataclasses
 
-            from dspark.data.samples import read_jsonl, tokenize_records
+            from dspark.data.records import read_jsonl
+            from dspark.data.samples import tokenize_records
             from dspark.presets import drafters as presets
             from dspark.training.fresh import train_new_drafter
-            from dspark.training.trainer import TrainConfig
+            from dspark.training.recipe import train_config
 
             config = dataclasses.replace(getattr(presets, f"{method}_tiny")(), block_size=p.block_size)
             samples = tokenize_records(
                 read_jsonl(self.out / data["answers"]), self.target.tokenizer, max_length=p.max_length
             )
-            cfg = TrainConfig(
-                output_dir=str(run_dir),
+            cfg = train_config(
+                run_dir,
+                p,
                 max_steps=p.train_steps,
-                global_batch_size=p.batch_size,
-                micro_batch_size=p.micro_batch_size,
-                lr=p.lr,
-                num_anchors=p.num_anchors,
-                seed=p.seed,
                 save_every=max(1, p.train_steps // 3),
                 keep_last=1,
                 log_every=max(1, p.train_steps // 10),

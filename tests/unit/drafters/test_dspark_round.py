@@ -22,10 +22,10 @@ GREEDY = SamplingParams(temperature=0.0)
 
 def reference_round(drafter, states, sampling):
     """The per-step loop of DSpark's ``propose`` before issue 17: tokens, probs, confidences."""
-    generators = drafter.prepare(states, sampling)
-    h = drafter.block_hidden_infer(states)[:, :BLOCK]
+    generators = drafter.backbone.prepare(states, sampling)
+    h = drafter.backbone.block_hidden_infer(states)[:, :BLOCK]
     prev = torch.tensor([s.token_ids[-1] for s in states])
-    return per_step_loop(drafter, h, drafter.logits(h), prev, sampling, generators)
+    return per_step_loop(drafter, h, drafter.backbone.logits(h), prev, sampling, generators)
 
 
 @pytest.mark.parametrize("name", ["dspark_markov", "dspark_rnn"])
@@ -50,9 +50,9 @@ def test_greedy_round_equals_the_per_step_loop(target, name, dtype, batch):
     )
     # the head mattered: the drafts are not those of the backbone alone
     first = [make_state(target, contexts[0])]
-    drafter.prepare(first, [GREEDY])
-    h = drafter.block_hidden_infer(first)[:, :BLOCK]
-    assert not torch.equal(drafter.logits(h).argmax(-1), fast.tokens[:1])
+    drafter.backbone.prepare(first, [GREEDY])
+    h = drafter.backbone.block_hidden_infer(first)[:, :BLOCK]
+    assert not torch.equal(drafter.backbone.logits(h).argmax(-1), fast.tokens[:1])
 
 
 def test_sampled_round_is_the_per_step_loop(target):
