@@ -14,7 +14,7 @@ import socket
 import sys
 
 from dspark.commands.argtypes import non_negative_float, positive_int
-from dspark.commands.options import add_block_size, add_drafter, add_target
+from dspark.commands.options import add_block_size, add_drafter, add_dtype, add_target
 from dspark.errors import DsparkError
 
 logger = logging.getLogger(__name__)
@@ -43,6 +43,7 @@ class _PolicyArgument(argparse.Action):
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     add_target(p)
+    add_dtype(p)
     add_drafter(p, default="ngram")
     p.add_argument(
         "--scheduler",
@@ -106,7 +107,7 @@ def main_serve(args: argparse.Namespace) -> int:
     GET /v1/models, GET /health (503 when the engine is dead or draining), GET /metrics
     (Prometheus), GET /openapi.json.
     """
-    from dspark.commands.loading import load_target
+    from dspark.commands.loading import load_inference_target
     from dspark.drafters.registry import build_drafter
     from dspark.engine import Engine, EngineConfig
     from dspark.engine.worker import EngineWorker
@@ -130,7 +131,7 @@ def main_serve(args: argparse.Namespace) -> int:
     api_key = resolve_api_key(args.api_key, args.api_key_file)
     model_name = served_model_name(args.target, args.model_name)
     sock = _listen(args.host, args.port)
-    target = load_target(args.target)
+    target = load_inference_target(args.target, args.dtype)
     drafter = build_drafter(args.drafter, target)
     worker = EngineWorker(Engine(target, drafter, config))
     app = create_app(

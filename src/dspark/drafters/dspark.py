@@ -150,32 +150,66 @@ class DSparkDrafter(nn.Module):
         backbone = self.backbone
         generators = backbone.prepare(states, sampling)
         h = backbone.block_hidden_infer(states)[:, :K]  # [R, K, H]
-        base = backbone.logits(h)  # [R, K, V]
-        prev = torch.tensor([s.token_ids[-1] for s in states], device=h.device)  # [R]: x_0 = anchor
-        head_state = self.markov_head.initial_state(R, h) if self.markov_head is not None else None
-        tokens, probs, conf_logits = [], [], []
+        base = backbone.logits(h)  # [R, K, V] fp32
+        anchors = torch.tensor([s.token_ids[-1] for s in states], device=h.device)  # [R]: x_0
+        if all(p.greedy for p in sampling):
+            tokens, markov_embs = self._greedy_loop(h, base, anchors)
+            probs = greedy_probs(base, tokens)
+        else:
+            tokens, markov_embs, probs = self._sampled_loop(h, base, anchors, sampling, generators)
+        return DraftBlock(
+            tokens=tokens,  # [R, K]
+            lengths=torch.full((R,), K, dtype=torch.long, device=h.device),
+            probs=probs,  # [R, K, V]
+            confidences=self._block_confidences(h, markov_embs),
+        )
+
+    def _greedy_loop(self, h: Tensor, base: Tensor, prev: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Greedy drafts ``[R, K]`` and Markov embeddings ``[R, K, r]`` (None without a head).
+
+        Greedy ``p_k`` is one-hot at ``argmax(U_k + B_k)`` (sampling/probs.py), so the loop
+        keeps only the argmax: no softmax, no [V] probability rows, no host syncs per step.
+        """
+        K = h.shape[1]
+        if self.markov_head is None:
+            return base.argmax(dim=-1), None
+        tokens, embs = [], []
+        state = self.markov_head.initial_state(h.shape[0], h)
+        for k in range(K):
+            bias, emb, state = self.markov_head.step(prev, h[:, k], state)  # [R, V], [R, r]
+            prev = (base[:, k] + bias.float()).argmax(dim=-1)  # [R]: Eq. 4, greedy
+            tokens.append(prev)
+            embs.append(emb)
+        return torch.stack(tokens, dim=-1), torch.stack(embs, dim=1)
+
+    def _sampled_loop(
+        self, h: Tensor, base: Tensor, prev: Tensor, sampling: list[SamplingParams], generators
+    ) -> tuple[Tensor, Tensor | None, Tensor]:
+        """Drafts ``[R, K]``, Markov embeddings ``[R, K, r]`` and ``p_d [R, K, V]``, one draw a step."""
+        K = h.shape[1]
+        state = self.markov_head.initial_state(h.shape[0], h) if self.markov_head is not None else None
+        tokens, embs, probs = [], [], []
         for k in range(K):
             logits_k = base[:, k]  # [R, V]
-            markov_emb = None
             if self.markov_head is not None:
-                bias, markov_emb, head_state = self.markov_head.step(prev, h[:, k], head_state)
+                bias, emb, state = self.markov_head.step(prev, h[:, k], state)
                 logits_k = logits_k + bias.float()  # Eq. 4: U_k + B_k
+                embs.append(emb)
             p_k = batch_probs(logits_k.unsqueeze(1), sampling).squeeze(1)  # [R, V]
-            x_k = sample_tokens(p_k, sampling, generators)  # [R]
-            if self.confidence_head is not None:
-                conf_logits.append(self._confidence_logits(h[:, k], markov_emb))  # [R]
-            tokens.append(x_k)
+            prev = sample_tokens(p_k, sampling, generators)  # [R]
+            tokens.append(prev)
             probs.append(p_k)
-            prev = x_k
-        confidences = None
-        if conf_logits:
-            scaled = scale_confidence_logits(
-                torch.stack(conf_logits, dim=-1).float(), self.config.sts_temperatures
-            )
-            confidences = torch.sigmoid(scaled)  # [R, K]
-        return DraftBlock(
-            tokens=torch.stack(tokens, dim=-1),  # [R, K]
-            lengths=torch.full((R,), K, dtype=torch.long, device=h.device),
-            probs=torch.stack(probs, dim=1),  # [R, K, V]
-            confidences=confidences,
-        )
+        markov_embs = torch.stack(embs, dim=1) if embs else None
+        return torch.stack(tokens, dim=-1), markov_embs, torch.stack(probs, dim=1)
+
+    def _block_confidences(self, h: Tensor, markov_embs: Tensor | None) -> Tensor | None:
+        """``c_k`` of every slot at once (Eq. 7, STS-scaled): ``[R, K]``, None without a head."""
+        if self.confidence_head is None:
+            return None
+        logits = self._confidence_logits(h, markov_embs)  # [R, K]
+        return torch.sigmoid(scale_confidence_logits(logits.float(), self.config.sts_temperatures))
+
+
+def greedy_probs(base: Tensor, tokens: Tensor) -> Tensor:
+    """The greedy ``p_d``: one-hot rows ``[R, K, V]`` (fp32) at ``tokens [R, K]``."""
+    return torch.zeros_like(base, dtype=torch.float32).scatter_(-1, tokens.unsqueeze(-1), 1.0)
