@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dspark.commands.loading import TINY_CORPUS
 from dspark.commands.options import add_target, add_template_kwargs, add_threads
-from dspark.drafters.registry import TRAINABLE
+from dspark.drafters.registry import MASK_TOKEN_METHODS, TRAINABLE
 from dspark.errors import DsparkError
 
 log = logging.getLogger(__name__)
@@ -48,8 +48,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--mask-token",
         default=None,
-        help="dflash/dspark block mask input: an existing token or id, or 'learned' (a trainable "
-        "embedding); default: the tokenizer's mask token",
+        help=f"{'/'.join(MASK_TOKEN_METHODS)} block mask input: an existing token or id, or 'learned' "
+        "(a trainable embedding); default: the tokenizer's mask token",
     )
     p.add_argument(
         "--draft-vocab",
@@ -65,6 +65,16 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (warmup 4%%, then cosine)")
     p.add_argument("--num-anchors", type=int, default=512, help="blocks per sequence (DESIGN §6)")
     p.add_argument("--max-length", type=int, default=1024, help="tokens per sequence (longer ones are cut)")
+    p.add_argument(
+        "--activation-checkpointing",
+        action="store_true",
+        help="dflash/dspark: recompute the draft layers in the backward (less memory, same gradients)",
+    )
+    p.add_argument(
+        "--pack-target",
+        action="store_true",
+        help="online features: run a micro-batch's samples through the target flattened, no padding",
+    )
     p.add_argument("--limit", type=int, default=None, help="use only the first N records")
     add_template_kwargs(p)
     p.add_argument("--save-every", type=int, default=100, help="checkpoint every N steps (0: at the end)")
@@ -146,7 +156,8 @@ def main_train(args: argparse.Namespace) -> int:
     from dspark.drafters.kinds import KINDS
     from dspark.drafters.target_choices import apply_target_choices
     from dspark.eval.online import online_tau_eval
-    from dspark.training.trainer import TrainConfig, train
+    from dspark.training.recipe import train_config
+    from dspark.training.trainer import train
 
     set_threads(args.threads)
     template_kwargs = args.template_kwargs
@@ -155,19 +166,17 @@ def main_train(args: argparse.Namespace) -> int:
         if args.draft_vocab < 1:
             raise DsparkError(f"--draft-vocab must be >= 1, got {args.draft_vocab}")
         config = with_draft_vocab(config, args.draft_vocab)
-    cfg = TrainConfig(
-        output_dir=str(args.out),
+    cfg = train_config(
+        args.out,
+        args,
         max_steps=args.steps,
-        global_batch_size=args.batch_size,
-        micro_batch_size=args.micro_batch_size,
-        lr=args.lr,
-        num_anchors=args.num_anchors,
-        seed=args.seed,
         parallel=args.parallel,
         save_every=args.save_every,
         eval_every=args.eval_every,
         tensorboard=args.tensorboard,
         resume=not args.no_resume,
+        activation_checkpointing=args.activation_checkpointing,
+        pack_target=args.pack_target,
     )
     with distributed.launch() as world:
         target = load_target(args.target, device=world.device)

@@ -188,23 +188,23 @@ def chunked_terms(
         ids = factors.draft_ids
         labels, in_vocab = draft_labels(labels, ids, factors.target_head.shape[0])
         reduced = (factors.target_head, ids, in_vocab.reshape(-1).float())
-    objective, l1, ce_t, soft_t = _ChunkedTerms.apply(
-        factors.hidden.reshape(-1, H),
-        u.reshape(-1, u.shape[-1]) if u is not None else None,
-        factors.low_rank_w,
-        factors.head,
-        factors.target_rows,
-        factors.target_index.reshape(-1),
-        labels.reshape(-1),
-        omega.reshape(-1).float(),
-        (ce, soft_ce, tv),
-        factors.softcap,
-        chunk_slots(
-            factors.head.shape[0] if factors.target_head is None else factors.target_head.shape[0],
-            budget_bytes,
-        ),
-        reduced,
-    )
+    vocab = factors.head.shape[0] if factors.target_head is None else factors.target_head.shape[0]
+    # fp32 throughout, also inside the trainer's bf16 autocast (whose matmuls would be bf16).
+    with torch.autocast(factors.hidden.device.type, enabled=False):
+        objective, l1, ce_t, soft_t = _ChunkedTerms.apply(
+            factors.hidden.reshape(-1, H),
+            u.reshape(-1, u.shape[-1]) if u is not None else None,
+            factors.low_rank_w,
+            factors.head,
+            factors.target_rows,
+            factors.target_index.reshape(-1),
+            labels.reshape(-1),
+            omega.reshape(-1).float(),
+            (ce, soft_ce, tv),
+            factors.softcap,
+            chunk_slots(vocab, budget_bytes),
+            reduced,
+        )
     return SlotTerms(
         objective=objective,
         l1=l1.view(shape),

@@ -24,8 +24,9 @@ import torch
 from torch import Tensor, nn
 from transformers.activations import ACT2FN
 
-from dspark.drafters.attention import PackedBlockMask, apply_rope, attend, attend_packed_blocks
-from dspark.drafters.draft_vocab import check_draft_ids
+from dspark.drafters.attention import PackedBlockMask, apply_rope, attend, attend_packed_blocks, rope_cos_sin
+from dspark.drafters.draft_vocab import check_draft_ids, set_full_head
+from dspark.drafters.flex_blocks import attend_packed_blocks_flex
 from dspark.drafters.mask import resolve_mask_id
 from dspark.protocols import SlotFactors
 from dspark.targets.families import layer_shape
@@ -167,7 +168,8 @@ class DraftAttention(nn.Module):
         q = apply_rope(q, cos, sin)
         k, v = self.project_kv(x, cos, sin)  # [B, nkv, T, hd]
         if isinstance(mask, PackedBlockMask):
-            out = attend_packed_blocks(q, ctx_k, ctx_v, k, v, mask)  # [B, nh, T, hd]
+            packed = attend_packed_blocks if mask.flex_mask is None else attend_packed_blocks_flex
+            out = packed(q, ctx_k, ctx_v, k, v, mask)  # [B, nh, T, hd]
         else:
             keys = k if ctx_k is None else torch.cat([ctx_k, k], dim=2)  # [B, nkv, C+T, hd]
             values = v if ctx_v is None else torch.cat([ctx_v, v], dim=2)
@@ -282,7 +284,7 @@ def copy_shared_weights(drafter: nn.Module, target, *, init_mask: bool = True) -
     head = target.model.get_output_embeddings().weight
     ids = getattr(drafter, "draft_ids", None)
     if ids is not None:
-        drafter.full_head = head.detach()  # [V, H], shared storage, not saved
+        set_full_head(drafter, head.detach())  # [V, H], shared storage, not saved
         head = head[ids.to(head.device)]  # [N, H]
     for name, source in (("embed_tokens", embedding), ("lm_head", head)):
         param = getattr(drafter, name).weight
@@ -357,6 +359,11 @@ def scaled_embedding(embed_tokens: nn.Embedding, ids: Tensor, dims: DecoderDims)
     """Token embeddings ``[...] → [..., H]``, scaled like the target's (Gemma's √H)."""
     e = embed_tokens(ids)
     return e * dims.embed_scale if dims.embed_scale != 1.0 else e
+
+
+def draft_rope(dims: DecoderDims, positions: Tensor) -> tuple[Tensor, Tensor]:
+    """The draft layers' RoPE ``cos, sin [..., hd]`` at ``positions [...]``."""
+    return rope_cos_sin(positions, dims.head_dim, dims.rope_theta)
 
 
 def drafter_dims(target, config) -> DecoderDims:

@@ -147,3 +147,11 @@ def draft_to_target(tokens: Tensor, probs: Tensor, draft_ids: Tensor | None, voc
     if draft_ids is None:
         return tokens, probs
     return draft_ids[tokens], expand_probs(probs, draft_ids, vocab_size)
+
+
+def set_full_head(drafter: nn.Module, head: Tensor | None) -> None:
+    """Give ``drafter`` (and the backbone it holds, drafters/parts.py) the target's full head, or drop it."""
+    drafter.full_head = head
+    backbone = drafter.__dict__.get("backbone")
+    if backbone is not None:
+        backbone.full_head = head

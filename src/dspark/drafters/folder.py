@@ -36,7 +36,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from dspark.drafters.common import build_from_target, drafter_dims, resolve_target_fields, set_draft_ids
-from dspark.drafters.draft_vocab import from_file_state, to_file_state
+from dspark.drafters.draft_vocab import from_file_state, set_full_head, to_file_state
 from dspark.drafters.folder_checks import (
     SIZE_FIELDS,
     check_config_fields,
@@ -355,7 +355,7 @@ def load_drafter(folder: str | Path, target: TargetAdapter, *, block_size: int |
     _check_shared_weights(state, target, folder)
     drafter.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)
     if getattr(drafter, "full_head", None) is not None:
-        drafter.full_head = None  # only training needs the target's full head (common.register_draft_vocab)
+        set_full_head(drafter, None)  # only training needs the target's full head (draft_vocab.py)
     return drafter.eval()
 
 
