@@ -39,6 +39,7 @@ from torch import Tensor
 from dspark.decoding.stopping import cut_round
 from dspark.engine.config import DEFAULT_MAX_SEQ_LEN, EngineConfig, EngineStats
 from dspark.engine.kv import KVMemory
+from dspark.engine.payoff_drafting import PayoffDrafting
 from dspark.engine.profile import load_or_profile
 from dspark.engine.requests import OnTokens, Request, RequestFailedError, TokenEvent
 from dspark.errors import DsparkError, PromptTooLongError
@@ -87,7 +88,7 @@ class Engine:
             "KV memory: %d slots x %d tokens = %.1f MB", config.max_batch, capacity, store.nbytes / 2**20
         )
         self.kv = KVMemory(store)
-        if sps is None and self.policy.needs_sps and drafter is not None:
+        if sps is None and (self.policy.needs_sps or config.payoff) and drafter is not None:
             sps = load_or_profile(target, store, block_size=config.block_size, path=config.sps_path)
         self.sps = sps
         if decode is None and target.tokenizer is not None:
@@ -106,6 +107,17 @@ class Engine:
         self._step_index = 0  # never reset (stats may be), for prefix-async's stale confidences
         self._draft_s_per_request: float | None = None  # EMA of drafting seconds per drafted request
         self._told_unprofitable = False  # logged once that cost-aware drafting stopped drafting
+        self.payoff = None  # per-request proposer choice (engine/payoff_drafting.py)
+        self._payoff_caps: dict[int, int] = {}  # this step's ℓ per drafting request
+        if config.payoff and drafter is not None:
+            self.payoff = PayoffDrafting(
+                drafter,
+                target.vocab_size,
+                config.block_size,
+                self.sps,
+                choose_proposer=config.choose_proposer,
+                draft_costs=dict(config.draft_costs) if config.draft_costs is not None else None,
+            )
 
     # -- public API ---------------------------------------------------------------------
 
@@ -132,6 +144,7 @@ class Engine:
                 generator=torch.Generator().manual_seed(params.seed) if params.seed is not None else None,
                 on_tokens=on_tokens,
                 predictor=FirstAcceptPredictor(estimate=self.estimator.config.prior),
+                payoff=self.payoff.controller() if self.payoff is not None else None,
             )
         )
         return rid
@@ -296,6 +309,8 @@ class Engine:
     def _draft(self, decoding: list[Request]) -> tuple[DraftBlock, dict[int, int]]:
         """Propose for the requests that draft this step; ``drafting`` maps request id -> block row."""
         K = self.config.block_size
+        if self.payoff is not None and K > 0:
+            return self._payoff_draft(decoding, K)
         pays = self._drafting_pays(decoding)
         chosen = [
             r
@@ -321,6 +336,24 @@ class Engine:
         prev = self._draft_s_per_request
         self._draft_s_per_request = per_request if prev is None else 0.9 * prev + 0.1 * per_request
         block, chosen = self._drop_non_finite(block, chosen)
+        self.stats.drafted += int(block.lengths.sum())
+        return block, {r.id: i for i, r in enumerate(chosen)}
+
+    def _payoff_draft(self, decoding: list[Request], K: int) -> tuple[DraftBlock, dict[int, int]]:
+        """Payoff control: each request drafts with the proposer that pays, or not at all."""
+        started = time.perf_counter()
+        choices, lookups = self.payoff.plan(decoding, K)
+        for req, choice in zip(decoding, choices):
+            req.proposer = choice.proposer
+        self.stats.cost_checked += len(choices)
+        self.stats.cost_unprofitable += sum(c.proposer is None for c in choices)
+        peaks = lambda probs: self.estimator.predict(peak_features(probs))  # noqa: E731
+        block, chosen, caps = self.payoff.propose(decoding, choices, lookups, K, peaks)
+        self.stats.draft_s += time.perf_counter() - started
+        if not chosen:
+            return DraftBlock.empty(0, self.target.vocab_size), {}
+        block, chosen = self._drop_non_finite(block, chosen)
+        self._payoff_caps = caps
         self.stats.drafted += int(block.lengths.sum())
         return block, {r.id: i for i, r in enumerate(chosen)}
 
@@ -358,6 +391,9 @@ class Engine:
         budget = torch.tensor([max(r.draft_budget, 0) for r in decoding]).clamp(max=K)  # [R]
         caps = torch.zeros(R, dtype=torch.long)
         caps[has] = torch.minimum(block.lengths.cpu()[rows[has]], budget[has])
+        if self.payoff is not None:  # the controller's ℓ, chosen from history before drafting
+            chosen = torch.tensor([self._payoff_caps.get(r.id, 0) for r in decoding])
+            caps = torch.minimum(caps, chosen)
         if not self.policy.needs_confidences:
             return schedule(self.policy, caps)
         conf = block.confidences
@@ -439,6 +475,9 @@ class Engine:
             req.generated += cut.tokens
             req.state.token_ids += cut.tokens
             req.rounds.append(RoundLog(proposed=n, accepted=accepted, emitted=len(cut.tokens)))
+            if self.payoff is not None:
+                self.payoff.observe(req, n, accepted, req.proposer if req.id in drafting else None)
+                self.payoff.after_commit(req)
             self.stats.emitted += len(cut.tokens)
             events.append(TokenEvent(req.id, cut.tokens, cut.finish_reason))
             if req.on_tokens is not None and cut.tokens:
