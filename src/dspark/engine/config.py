@@ -60,6 +60,9 @@ class EngineStats:
     # not worth drafting (they decode plainly, re-probing every probe_every rounds)
     cost_checked: int = 0
     cost_unprofitable: int = 0
+    # payoff control: rounds drafted by each proposer (the others decoded plainly)
+    ngram_rounds: int = 0
+    model_rounds: int = 0
 
     @property
     def overhead_share(self) -> float:

@@ -347,6 +347,8 @@ class Engine:
             req.proposer = choice.proposer
         self.stats.cost_checked += len(choices)
         self.stats.cost_unprofitable += sum(c.proposer is None for c in choices)
+        self.stats.ngram_rounds += sum(c.proposer == "ngram" for c in choices)
+        self.stats.model_rounds += sum(c.proposer == "model" for c in choices)
         peaks = lambda probs: self.estimator.predict(peak_features(probs))  # noqa: E731
         block, chosen, caps = self.payoff.propose(decoding, choices, lookups, K, peaks)
         self.stats.draft_s += time.perf_counter() - started

@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 class PayoffConfig:
     prior_first: float = 0.5  # e assumed before any evidence: optimistic, so every proposer is tried
     prior_later: float = 0.7  # q assumed before any evidence
-    prior_strength: float = 1.0  # pseudo-rounds behind the priors
-    memory: float = 0.85  # weight of the past per observed round (~7 rounds): texts change character
+    prior_strength: float = 0.5  # pseudo-rounds behind the priors
+    memory: float = 0.9  # weight of the past per observed round (~10 rounds): texts change character
     probe_every: int = 8  # rounds of plain decoding before the first probe
     probe_max: int = 64  # the probe interval doubles up to this
     probe_length: int = 2  # drafts verified by a probe
