@@ -79,7 +79,9 @@ class PayoffDrafting:
             c = self.ngram.config
             for req in decoding:
                 n = min(K, max(req.draft_budget, 0))
-                lookups[req.id] = lookup(np.asarray(req.state.token_ids), n, c.min_n, c.max_n) if n > 0 else []
+                lookups[req.id] = (
+                    lookup(np.asarray(req.state.token_ids), n, c.min_n, c.max_n) if n > 0 else []
+                )
             self._measured(NGRAM, time.perf_counter() - started, len(decoding))
         costs = self.costs(len(decoding))
         choices = []
@@ -118,7 +120,9 @@ class PayoffDrafting:
         if by_model:
             started = time.perf_counter()
             # Always γ drafts, capped per request: a seeded request draws the same drafter randomness.
-            parts.append((by_model, self.model.propose([r.state for r in by_model], K, [r.params for r in by_model])))
+            parts.append(
+                (by_model, self.model.propose([r.state for r in by_model], K, [r.params for r in by_model]))
+            )
             self._measured(MODEL, time.perf_counter() - started, len(by_model))
         if by_ngram:
             tokens = torch.zeros(len(by_ngram), K, dtype=torch.long)  # [n, K]
@@ -130,7 +134,11 @@ class PayoffDrafting:
             probs = torch.zeros(len(by_ngram), K, self.vocab_size)  # [n, K, V] one-hot
             probs.scatter_(-1, tokens.unsqueeze(-1), 1.0)
             parts.append((by_ngram, DraftBlock(tokens=tokens, lengths=lengths, probs=probs)))
-        return merge_blocks(parts, K, self.vocab_size, fill_confidences), [r for rs, _ in parts for r in rs], caps
+        return (
+            merge_blocks(parts, K, self.vocab_size, fill_confidences),
+            [r for rs, _ in parts for r in rs],
+            caps,
+        )
 
     def observe(self, req, verified: int, accepted: int, proposer: str | None) -> None:
         if proposer is not None and verified > 0:
@@ -173,7 +181,11 @@ def merge_blocks(
         lengths.append(b.lengths.cpu().clamp(max=K))
         probs.append(p)
         if with_conf:
-            c = b.confidences.cpu().float() if b.confidences is not None else fill_confidences(p).cpu().float()
+            c = (
+                b.confidences.cpu().float()
+                if b.confidences is not None
+                else fill_confidences(p).cpu().float()
+            )
             cc = torch.zeros(n, K)
             cc[:, : c.shape[1]] = c[:, :K]
             confs.append(cc)

@@ -98,7 +98,9 @@ def expected_accepted(e: float, q: float, length: int) -> float:
     return sum(e * q**k for k in range(max(length, 0)))
 
 
-def best_length(e: float, q: float, cap: int, *, draft_s: float, costs: RoundCosts, margin: float = 1.0) -> tuple[float, int]:
+def best_length(
+    e: float, q: float, cap: int, *, draft_s: float, costs: RoundCosts, margin: float = 1.0
+) -> tuple[float, int]:
     """``(G, ℓ)``: the best net gain in tokens over ``ℓ = 1..cap`` (``(-inf, 0)`` when ``cap < 1``)."""
     if cap < 1:
         return float("-inf"), 0

@@ -17,7 +17,9 @@ from dspark.scheduler.payoff import (
 # A batch-1 machine in units of one decode step (10 ms): a verified token adds 5 % of a
 # step (m), plain decoding makes 100 tokens/s (ρ), the model drafter costs 40 % of a step.
 STEP = 0.010
-COSTS = RoundCosts(token_s=0.05 * STEP, tokens_per_s=1 / STEP, draft_s={"model": 0.4 * STEP, "ngram": 0.002 * STEP})
+COSTS = RoundCosts(
+    token_s=0.05 * STEP, tokens_per_s=1 / STEP, draft_s={"model": 0.4 * STEP, "ngram": 0.002 * STEP}
+)
 
 
 def controller_with(history: dict[str, list[tuple[int, int]]], **config) -> PayoffController:
