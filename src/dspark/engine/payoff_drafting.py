@@ -38,7 +38,7 @@ class PayoffDrafting:
         sps: SpsTable,
         *,
         choose_proposer: bool = True,
-        config: PayoffConfig = PayoffConfig(),
+        config: PayoffConfig | None = None,
         draft_costs: Mapping[str, float] | None = None,
     ) -> None:
         is_ngram = isinstance(drafter, NgramDrafter)
@@ -49,7 +49,8 @@ class PayoffDrafting:
             self.ngram = NgramDrafter(vocab_size, NgramConfig(block_size=max(block_size, 1)))
         else:
             self.ngram = None
-        self.vocab_size, self.block_size, self.sps, self.config = vocab_size, block_size, sps, config
+        self.vocab_size, self.block_size, self.sps = vocab_size, block_size, sps
+        self.config = config or PayoffConfig()
         self.fixed_costs = dict(draft_costs) if draft_costs is not None else None
         self.draft_s: dict[str, float] = {}  # EMA of drafting seconds per request, per proposer
 

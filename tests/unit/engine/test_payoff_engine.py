@@ -33,9 +33,9 @@ def payoff_config(batch: int, policy: str = "fixed", costs=CHEAP, **kw) -> Engin
 @pytest.mark.parametrize("policy", ["fixed", "prefix"])
 @pytest.mark.parametrize("batch,num_requests", [(1, 3), (4, 8), (16, 16)])
 def test_greedy_equals_plain_greedy_with_payoff_and_proposer_choice(
-    target, sps, cases, policy, batch, num_requests
+    target, sps, request, policy, batch, num_requests
 ):
-    prompts, refs, max_tokens = cases
+    prompts, refs, max_tokens = request.getfixturevalue("cases")
     prompts, max_tokens = prompts[:num_requests], max_tokens[:num_requests]
     engine = Engine(target, NoisyOracleDrafter(refs, VOCAB), payoff_config(batch, policy), sps=sps)
     params = [SamplingParams(temperature=0.0, max_tokens=m) for m in max_tokens]
@@ -47,8 +47,8 @@ def test_greedy_equals_plain_greedy_with_payoff_and_proposer_choice(
     assert s.model_rounds > 0 and s.ngram_rounds > 0, "both proposers should be chosen somewhere"
 
 
-def test_ngram_drafter_alone_is_lossless_under_payoff(target, sps, cases):
-    prompts, refs, max_tokens = cases
+def test_ngram_drafter_alone_is_lossless_under_payoff(target, sps, request):
+    prompts, refs, max_tokens = request.getfixturevalue("cases")
     engine = Engine(target, NgramDrafter(VOCAB), payoff_config(4), sps=sps)
     params = [SamplingParams(temperature=0.0, max_tokens=m) for m in max_tokens[:8]]
     results = run_engine(engine, prompts[:8], params, join_after=2)
