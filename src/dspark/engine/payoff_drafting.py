@@ -21,7 +21,7 @@ import torch
 
 from dspark.drafters.ngram import NgramConfig, NgramDrafter, lookup
 from dspark.protocols import DraftBlock, Drafter
-from dspark.scheduler import SpsTable, marginal_token_s
+from dspark.scheduler import SpsTable
 from dspark.scheduler.payoff import Choice, PayoffConfig, PayoffController, RoundCosts, shadow_outcome
 
 NGRAM, MODEL = "ngram", "model"
@@ -61,9 +61,7 @@ class PayoffDrafting:
         R = max(num_requests, 1)
         draft_s = self.fixed_costs if self.fixed_costs is not None else self.draft_s
         return RoundCosts(
-            token_s=marginal_token_s(self.sps, R, R),  # about one more verified token per request
-            tokens_per_s=R * self.sps(R),
-            draft_s=draft_s,
+            verify_s=verify_costs(self.sps, R, self.block_size), tokens_per_s=R * self.sps(R), draft_s=draft_s
         )
 
     def _measured(self, name: str, seconds: float, count: int) -> None:
@@ -154,6 +152,13 @@ class PayoffDrafting:
         if outcome is not None:
             req.payoff.observe(NGRAM, *outcome)
             req.shadow = None
+
+
+def verify_costs(sps: SpsTable, num_requests: int, K: int) -> tuple[float, ...]:
+    """``v(ℓ)``, ℓ = 0..K: seconds per request that verifying ℓ drafts each adds to a step of R requests."""
+    R = num_requests
+    base = 1.0 / sps(R)
+    return tuple((1.0 / sps(R + R * ell) - base) / R for ell in range(K + 1))
 
 
 def merge_blocks(

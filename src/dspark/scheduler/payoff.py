@@ -4,16 +4,16 @@ Each round, before anything is drafted, request r picks a proposer ``p`` (n-gram
 the model drafter, or none = plain decoding) and a verification cap ``ℓ``, maximising the
 predicted net gain
 
-    G_r(p, ℓ) = E_{r,p}(ℓ) − ρ · (d_p + ℓ · m),    E_{r,p}(ℓ) = e_{r,p} Σ_{k<ℓ} q_{r,p}^k
+    G_r(p, ℓ) = E_{r,p}(ℓ) − ρ · (d_p + v(ℓ)),    E_{r,p}(ℓ) = e_{r,p} Σ_{k<ℓ} q_{r,p}^k
 
 where ``e_{r,p}`` is the request's own rate of first-draft acceptance with that proposer
 and ``q_{r,p}`` its rate of acceptance of a later draft given the previous one was
 accepted (decayed counts, shrunk to a prior), ``d_p`` the measured drafting seconds per
-request, ``m`` the marginal target seconds of one more verified token at this batch
-(SPS table) and ``ρ`` the tokens per second plain decoding makes at this batch: the
-right-hand side is what the same time would have produced without speculation. The
-increments ``e q^{ℓ-1} − ρm`` fall with ℓ, so the best ℓ is the last one that still
-gains. It drafts iff the best ``G > 0``.
+request, ``v(ℓ)`` the target seconds that verifying ℓ more tokens per request adds to
+the step at this batch (from the SPS table: ``(t(R + Rℓ) − t(R)) / R`` for R requests)
+and ``ρ`` the tokens per second plain decoding makes at this batch: the right-hand side
+is what the same time would have produced without speculation. It drafts iff the best
+``G > 0``, verifying the best ℓ.
 
 When nothing pays, the request decodes plainly and *probes* every ``interval`` rounds
 (a short verification with the most promising proposer), the interval doubling after
@@ -57,7 +57,7 @@ class PayoffConfig:
 class RoundCosts:
     """Seconds a round costs at the current batch; see the module docstring."""
 
-    token_s: float  # m: one more verified token in the target forward
+    verify_s: tuple[float, ...]  # v(ℓ), ℓ = 0..K: seconds verifying ℓ drafts per request adds
     tokens_per_s: float  # ρ: plain decoding's rate at this batch (all requests together)
     draft_s: Mapping[str, float]  # d_p: drafting seconds per request, per proposer
 
@@ -102,16 +102,17 @@ def best_length(
     e: float, q: float, cap: int, *, draft_s: float, costs: RoundCosts, margin: float = 1.0
 ) -> tuple[float, int]:
     """``(G, ℓ)``: the best net gain in tokens over ``ℓ = 1..cap`` (``(-inf, 0)`` when ``cap < 1``)."""
+    cap = min(cap, len(costs.verify_s) - 1)
     if cap < 1:
         return float("-inf"), 0
-    rho_m = costs.tokens_per_s * costs.token_s
-    gain, ell, best, best_ell = 0.0, 0, float("-inf"), 0
+    rho = costs.tokens_per_s
+    gain, best, best_ell = 0.0, float("-inf"), 0
     for k in range(cap):
-        gain += e * q**k / margin - rho_m  # the increment of drafting position k+1
-        ell = k + 1
-        if gain > best:
-            best, best_ell = gain, ell
-    return best - costs.tokens_per_s * draft_s, best_ell
+        gain += e * q**k / margin  # expected accepted drafts when verifying k + 1
+        net = gain - rho * costs.verify_s[k + 1]
+        if net > best:
+            best, best_ell = net, k + 1
+    return best - rho * draft_s, best_ell
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,18 @@ from dspark.scheduler.payoff import (
     shadow_outcome,
 )
 
-# A batch-1 machine in units of one decode step (10 ms): a verified token adds 5 % of a
-# step (m), plain decoding makes 100 tokens/s (ρ), the model drafter costs 40 % of a step.
+# A batch-1 machine in units of one decode step (10 ms): each verified token adds 5 % of a
+# step (v(ℓ) = 0.05 ℓ steps), plain decoding makes 100 tokens/s (ρ), the model drafter costs
+# 40 % of a step.
 STEP = 0.010
+
+
+def linear(per_token: float, K: int = 7) -> tuple[float, ...]:
+    return tuple(per_token * ell for ell in range(K + 1))
+
+
 COSTS = RoundCosts(
-    token_s=0.05 * STEP, tokens_per_s=1 / STEP, draft_s={"model": 0.4 * STEP, "ngram": 0.002 * STEP}
+    verify_s=linear(0.05 * STEP), tokens_per_s=1 / STEP, draft_s={"model": 0.4 * STEP, "ngram": 0.002 * STEP}
 )
 
 
@@ -108,7 +115,7 @@ def test_a_cheaper_round_at_a_bigger_batch_changes_the_verdict():
     """The same modest history: unprofitable at batch 1 (ρd large), profitable with a free drafter."""
     c = controller_with({"model": [(7, 0), (7, 1), (7, 0), (7, 0)]})
     assert c.decide({"model": 7}, COSTS).proposer is None
-    free = RoundCosts(token_s=0.01 * STEP, tokens_per_s=1 / STEP, draft_s={"model": 0.0})
+    free = RoundCosts(verify_s=linear(0.01 * STEP), tokens_per_s=1 / STEP, draft_s={"model": 0.0})
     assert c.decide({"model": 7}, free).proposer == "model"
 
 
@@ -123,3 +130,13 @@ def test_shadow_outcome():
 def test_bad_config_is_refused():
     with pytest.raises(ValueError):
         PayoffConfig(probe_every=8, probe_max=4)
+
+
+def test_a_concave_cost_curve_buys_longer_blocks():
+    """Verifying the first draft costs 13 % of a step, the next six 3 % each (a CPU's curve):
+    pricing every token at the first one's 13 % would stop at ℓ = 3; the whole curve says 6."""
+    concave = (0.0, 0.13, 0.16, 0.19, 0.22, 0.25, 0.28, 0.31)
+    costs = RoundCosts(verify_s=tuple(STEP * v for v in concave), tokens_per_s=1 / STEP, draft_s={})
+    gain, ell = best_length(0.4, 0.6, 7, draft_s=0.0, costs=costs)
+    assert ell == 6  # increments 0.4·0.6^k beat 0.03 while k <= 5
+    assert gain == pytest.approx(expected_accepted(0.4, 0.6, 6) - 0.28)
