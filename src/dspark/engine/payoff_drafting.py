@@ -73,16 +73,17 @@ class PayoffDrafting:
     def plan(self, decoding: list, K: int) -> tuple[list[Choice], dict[int, list[int]]]:
         """Every decoding request's choice this round, and the n-gram lookups (request id -> tokens)."""
         lookups: dict[int, list[int]] = {}
+        costs = self.costs(len(decoding))
         if self.ngram is not None:
             started = time.perf_counter()
             c = self.ngram.config
             for req in decoding:
                 n = min(K, max(req.draft_budget, 0))
-                lookups[req.id] = (
-                    lookup(np.asarray(req.state.token_ids), n, c.min_n, c.max_n) if n > 0 else []
-                )
+                # No lookup while a shadow proposal is pending and even a full block would not pay.
+                hopeless = req.shadow is not None and req.payoff.gains({NGRAM: n}, costs)[NGRAM][0] <= 0
+                skip = n == 0 or hopeless
+                lookups[req.id] = [] if skip else lookup(np.asarray(req.state.token_ids), n, c.min_n, c.max_n)
             self._measured(NGRAM, time.perf_counter() - started, len(decoding))
-        costs = self.costs(len(decoding))
         choices = []
         for req in decoding:
             caps = {}

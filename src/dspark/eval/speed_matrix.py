@@ -6,6 +6,10 @@ under the payoff controller (the default of every command) and under each static
 (every round drafts, ``fixed`` / ``fixed:k``; no payoff control), all in the same
 process, so each figure is a ratio against a baseline measured minutes earlier on the
 same machine. Greedy outputs are compared with plain decoding's (losslessness).
+
+Speeds are tokens per CPU-second of this process (``time.process_time``; run with one
+thread): on a shared machine wall time mostly measures the other jobs. The wall-clock
+ratio is kept beside it.
 """
 
 from __future__ import annotations
@@ -29,8 +33,9 @@ class Cell:
     drafter: str
     concurrency: int
     method: str  # PAYOFF or a static policy
-    tokens_per_s: float
-    speedup: float  # over plain decoding of the same requests at the same concurrency
+    tokens_per_s: float  # per CPU-second
+    speedup: float  # over plain decoding of the same requests at the same concurrency, per CPU-second
+    wall_speedup: float  # the same in wall-clock time
     tau: float
     drafted_share: float  # decode rounds that drafted
     identical: bool  # greedy output equal to plain decoding's
@@ -38,7 +43,8 @@ class Cell:
 
 @dataclass(frozen=True)
 class _Run:
-    seconds: float
+    seconds: float  # CPU
+    wall_s: float
     tokens: int
     outputs: list[list[int]]
     tau: float
@@ -49,14 +55,15 @@ def _decode(engine: Engine, prompts: list[list[int]], max_tokens: int) -> _Run:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     engine.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
     engine.stats = type(engine.stats)()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     results = engine.generate(prompts, params)
-    seconds = time.perf_counter() - started
+    seconds, wall_s = time.process_time() - cpu_started, time.perf_counter() - started
     s = engine.stats
     drafted = sum(1 for res in results for r in res.rounds if r.proposed > 0)
     rounds = sum(len(res.rounds) for res in results)
     return _Run(
         seconds=seconds,
+        wall_s=wall_s,
         tokens=sum(len(r.token_ids) for r in results),
         outputs=[r.token_ids for r in results],
         tau=s.tau,
@@ -106,6 +113,7 @@ def speed_matrix(
                     method=method,
                     tokens_per_s=tps,
                     speedup=tps / plain_tps,
+                    wall_speedup=plain.wall_s / run.wall_s * run.tokens / plain.tokens,
                     tau=run.tau,
                     drafted_share=run.drafted_share,
                     identical=run.outputs == plain.outputs,
