@@ -80,8 +80,8 @@ class PayoffDrafting:
             for req in decoding:
                 n = min(K, max(req.draft_budget, 0))
                 # No lookup while a shadow proposal is pending and even a full block would not pay.
-                hopeless = req.shadow is not None and req.payoff.gains({NGRAM: n}, costs)[NGRAM][0] <= 0
-                skip = n == 0 or hopeless
+                pending = req.shadow is not None and n > 0
+                skip = n == 0 or (pending and req.payoff.gains({NGRAM: n}, costs)[NGRAM][0] <= 0)
                 lookups[req.id] = [] if skip else lookup(np.asarray(req.state.token_ids), n, c.min_n, c.max_n)
             self._measured(NGRAM, time.perf_counter() - started, len(decoding))
         choices = []
