@@ -486,7 +486,7 @@ class Engine:
                 req.on_tokens(cut.tokens)
             if cut.finish_reason is not None:
                 finished.append((req, cut))
-            elif self.drafter is not None:
+            elif self.drafter is not None and (self.payoff is None or self.payoff.needs_update(req)):
                 self.drafter.update(req.state, accepted, new_features)
         # Free slots only now: a release moves another request's slot, whose committed
         # length must already include this step's tokens.

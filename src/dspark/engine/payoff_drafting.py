@@ -53,6 +53,7 @@ class PayoffDrafting:
         self.config = config or PayoffConfig()
         self.fixed_costs = dict(draft_costs) if draft_costs is not None else None
         self.draft_s: dict[str, float] = {}  # EMA of drafting seconds per request, per proposer
+        self.lazy_update = hasattr(self.model, "sync_context")
 
     def controller(self) -> PayoffController:
         return PayoffController(config=self.config)
@@ -139,6 +140,12 @@ class PayoffDrafting:
             [r for rs, _ in parts for r in rs],
             caps,
         )
+
+    def needs_update(self, req) -> bool:
+        """Tell the model drafter about this round now? A drafter that catches up from
+        ``state.features`` when it next proposes (``sync_context``) is told only after its own
+        rounds, so rounds it did not draft cost it nothing."""
+        return req.proposer == MODEL or not self.lazy_update
 
     def observe(self, req, verified: int, accepted: int, proposer: str | None) -> None:
         if proposer is not None and verified > 0:
