@@ -16,7 +16,8 @@ is what the same time would have produced without speculation. It drafts iff the
 ``G > 0``, verifying the best ℓ.
 
 When nothing pays, the request decodes plainly and *probes* every ``interval`` rounds
-(a short verification with the most promising proposer), the interval doubling after
+(a short verification with the most promising proposer; also while only the free n-gram
+pays, so that a model drafter that would pay more is found), the interval doubling after
 each probe that does not change the verdict, so a request whose text turns predictable
 is picked up again at a bounded cost. A deterministic proposer (n-gram lookup) needs no
 probes: its proposal made at some round is compared afterwards with the tokens the
@@ -151,19 +152,22 @@ class PayoffController:
         """This round's proposer and cap. ``caps``: most drafts each proposer can offer now;
         ``shadowed``: proposers observed for free (:func:`shadow_outcome`), never probed."""
         gains = self.gains(caps, costs)
-        if gains:
-            name, (gain, ell) = max(gains.items(), key=lambda kv: kv[1][0])
-            if gain > 0:
-                self.skipped, self.interval = 0, self.config.probe_every
-                return Choice(name, ell)
+        probeable = {n: g for n, g in gains.items() if n not in shadowed}
+        best = max(gains, key=lambda n: gains[n][0]) if gains else None
+        if best is not None and gains[best][0] > 0 and best in probeable:
+            self.skipped, self.interval = 0, self.config.probe_every  # it drafts for real: no probe due
+            return Choice(best, gains[best][1])
+        # Nothing probeable drafts this round (plain decoding, or a shadowed proposer that pays):
+        # the probeable ones are probed now and then, so a stale verdict on them is revisited.
         self.skipped += 1
         interval = self.interval or self.config.probe_every
-        probeable = {n: g for n, g in gains.items() if n not in shadowed}
         if probeable and self.skipped >= interval:
             self.skipped = 0
             self.interval = min(2 * interval, self.config.probe_max)
             name = max(probeable, key=lambda n: probeable[n][0])
             return Choice(name, min(caps[name], self.config.probe_length), probe=True)
+        if best is not None and gains[best][0] > 0:
+            return Choice(best, gains[best][1])
         return Choice(None)
 
     def observe(self, proposer: str, verified: int, accepted: int) -> None:

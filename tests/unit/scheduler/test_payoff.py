@@ -140,3 +140,12 @@ def test_a_concave_cost_curve_buys_longer_blocks():
     gain, ell = best_length(0.4, 0.6, 7, draft_s=0.0, costs=costs)
     assert ell == 6  # increments 0.4·0.6^k beat 0.03 while k <= 5
     assert gain == pytest.approx(expected_accepted(0.4, 0.6, 6) - 0.28)
+
+
+def test_the_model_is_still_probed_while_the_free_ngram_pays():
+    """A stale bad verdict on the model must not stick while the lookup carries the request."""
+    c = controller_with({"model": [(7, 0)] * 6, "ngram": [(7, 3)] * 6}, probe_every=4, probe_max=4)
+    choices = [c.decide({"ngram": 7, "model": 7}, COSTS, shadowed=("ngram",)) for _ in range(12)]
+    assert [ch.proposer for ch in choices].count("ngram") == 9
+    probes = [i for i, ch in enumerate(choices) if ch.probe]
+    assert probes == [3, 7, 11] and all(choices[i].proposer == "model" for i in probes)
