@@ -22,7 +22,16 @@ import torch
 from dspark.drafters.ngram import NgramConfig, NgramDrafter, lookup
 from dspark.protocols import DraftBlock, Drafter
 from dspark.scheduler import SpsTable
-from dspark.scheduler.payoff import Choice, PayoffConfig, PayoffController, RoundCosts, shadow_outcome
+from dspark.scheduler.payoff import (
+    AcceptanceRecord,
+    Choice,
+    PayoffConfig,
+    PayoffController,
+    RoundCosts,
+    shadow_outcome,
+)
+
+POOL_MEMORY = 0.99  # per pooled observation
 
 NGRAM, MODEL = "ngram", "model"
 
@@ -54,6 +63,9 @@ class PayoffDrafting:
         self.fixed_costs = dict(draft_costs) if draft_costs is not None else None
         self.draft_s: dict[str, float] = {}  # EMA of drafting seconds per request, per proposer
         self.lazy_update = hasattr(self.model, "sync_context")
+        # Every request's outcomes pooled per proposer, slowly forgotten: the prior a request's
+        # own rates shrink to (a new request starts from what the others saw, not from 0.5).
+        self.pooled: dict[str, AcceptanceRecord] = {}
 
     def controller(self) -> PayoffController:
         return PayoffController(config=self.config)
@@ -75,6 +87,7 @@ class PayoffDrafting:
         """Every decoding request's choice this round, and the n-gram lookups (request id -> tokens)."""
         lookups: dict[int, list[int]] = {}
         costs = self.costs(len(decoding))
+        priors = {name: record.rates(self.config) for name, record in self.pooled.items()}
         if self.ngram is not None:
             started = time.perf_counter()
             c = self.ngram.config
@@ -82,7 +95,7 @@ class PayoffDrafting:
                 n = min(K, max(req.draft_budget, 0))
                 # No lookup while a shadow proposal is pending and even a full block would not pay.
                 pending = req.shadow is not None and n > 0
-                skip = n == 0 or (pending and req.payoff.gains({NGRAM: n}, costs)[NGRAM][0] <= 0)
+                skip = n == 0 or (pending and req.payoff.gains({NGRAM: n}, costs, priors)[NGRAM][0] <= 0)
                 lookups[req.id] = [] if skip else lookup(np.asarray(req.state.token_ids), n, c.min_n, c.max_n)
             self._measured(NGRAM, time.perf_counter() - started, len(decoding))
         choices = []
@@ -93,7 +106,7 @@ class PayoffDrafting:
                 caps[NGRAM] = len(lookups[req.id])
             if self.model is not None:
                 caps[MODEL] = budget
-            choice = req.payoff.decide(caps, costs, shadowed=(NGRAM,))
+            choice = req.payoff.decide(caps, costs, shadowed=(NGRAM,), priors=priors)
             if choice.proposer != NGRAM and lookups.get(req.id) and req.shadow is None:
                 req.shadow = (len(req.generated), lookups[req.id])  # checked against what it emits
             if choice.proposer == NGRAM:
@@ -149,7 +162,11 @@ class PayoffDrafting:
 
     def observe(self, req, verified: int, accepted: int, proposer: str | None) -> None:
         if proposer is not None and verified > 0:
-            req.payoff.observe(proposer, verified, accepted)
+            self._observe(req, proposer, verified, accepted)
+
+    def _observe(self, req, proposer: str, verified: int, accepted: int) -> None:
+        req.payoff.observe(proposer, verified, accepted)
+        self.pooled.setdefault(proposer, AcceptanceRecord()).observe(verified, accepted, POOL_MEMORY)
 
     def after_commit(self, req) -> None:
         """Resolve the request's pending n-gram shadow proposal against the tokens it emitted."""
@@ -158,7 +175,7 @@ class PayoffDrafting:
         start, proposal = req.shadow
         outcome = shadow_outcome(proposal, req.generated[start:])
         if outcome is not None:
-            req.payoff.observe(NGRAM, *outcome)
+            self._observe(req, NGRAM, *outcome)
             req.shadow = None
 
 

@@ -86,11 +86,13 @@ class AcceptanceRecord:
             self.later_tested = w * self.later_tested + later_tested
             self.later_accepted = w * self.later_accepted + later_accepted
 
-    def rates(self, config: PayoffConfig) -> tuple[float, float]:
-        """``(e, q)``: first-draft and conditional later-draft acceptance, shrunk to the priors."""
+    def rates(self, config: PayoffConfig, prior: tuple[float, float] | None = None) -> tuple[float, float]:
+        """``(e, q)``: first-draft and conditional later-draft acceptance, shrunk to ``prior``
+        (default: the config's priors)."""
         s = config.prior_strength
-        e = (self.first_accepted + s * config.prior_first) / (self.first_tested + s)
-        q = (self.later_accepted + s * config.prior_later) / (self.later_tested + s)
+        e0, q0 = prior if prior is not None else (config.prior_first, config.prior_later)
+        e = (self.first_accepted + s * e0) / (self.first_tested + s)
+        q = (self.later_accepted + s * q0) / (self.later_tested + s)
         return e, q
 
 
@@ -137,21 +139,35 @@ class PayoffController:
     def record(self, proposer: str) -> AcceptanceRecord:
         return self.records.setdefault(proposer, AcceptanceRecord())
 
-    def gains(self, caps: Mapping[str, int], costs: RoundCosts) -> dict[str, tuple[float, int]]:
+    def gains(
+        self,
+        caps: Mapping[str, int],
+        costs: RoundCosts,
+        priors: Mapping[str, tuple[float, float]] | None = None,
+    ) -> dict[str, tuple[float, int]]:
         """``{proposer: (G, ℓ)}`` for every proposer that can propose (``caps[p] >= 1``)."""
         out = {}
         for name, cap in caps.items():
             if cap >= 1:
-                e, q = self.record(name).rates(self.config)
+                e, q = self.record(name).rates(self.config, (priors or {}).get(name))
                 out[name] = best_length(
                     e, q, cap, draft_s=costs.draft_s.get(name, 0.0), costs=costs, margin=self.config.margin
                 )
         return out
 
-    def decide(self, caps: Mapping[str, int], costs: RoundCosts, *, shadowed: Sequence[str] = ()) -> Choice:
+    def decide(
+        self,
+        caps: Mapping[str, int],
+        costs: RoundCosts,
+        *,
+        shadowed: Sequence[str] = (),
+        priors: Mapping[str, tuple[float, float]] | None = None,
+    ) -> Choice:
         """This round's proposer and cap. ``caps``: most drafts each proposer can offer now;
-        ``shadowed``: proposers observed for free (:func:`shadow_outcome`), never probed."""
-        gains = self.gains(caps, costs)
+        ``shadowed``: proposers observed for free (:func:`shadow_outcome`), never probed;
+        ``priors``: ``(e, q)`` per proposer that the request's own rates shrink to (the
+        pooled rates of every request, so a new request starts from what others saw)."""
+        gains = self.gains(caps, costs, priors)
         probeable = {n: g for n, g in gains.items() if n not in shadowed}
         best = max(gains, key=lambda n: gains[n][0]) if gains else None
         if best is not None and gains[best][0] > 0 and best in probeable:

@@ -149,3 +149,11 @@ def test_the_model_is_still_probed_while_the_free_ngram_pays():
     assert [ch.proposer for ch in choices].count("ngram") == 9
     probes = [i for i, ch in enumerate(choices) if ch.probe]
     assert probes == [3, 7, 11] and all(choices[i].proposer == "model" for i in probes)
+
+
+def test_a_new_request_starts_from_the_pooled_rates():
+    """With the others' experience (the model rarely accepted) as the prior, a fresh request does
+    not pay for a full model block before its own history says so; with the default prior it does."""
+    fresh = PayoffController()
+    assert fresh.decide({"model": 7}, COSTS).proposer == "model"
+    assert PayoffController().decide({"model": 7}, COSTS, priors={"model": (0.1, 0.3)}).proposer is None
