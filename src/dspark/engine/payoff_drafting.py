@@ -105,7 +105,10 @@ class PayoffDrafting:
             if self.ngram is not None:
                 caps[NGRAM] = len(lookups[req.id])
             if self.model is not None:
-                caps[MODEL] = budget
+                # Until some request's outcome with the model is in the pool, one request at a
+                # time tries it: its first proposal is the costly one (the whole prompt's context).
+                untried = MODEL not in self.pooled and any(c.proposer == MODEL for c in choices)
+                caps[MODEL] = 0 if untried else budget
             choice = req.payoff.decide(caps, costs, shadowed=(NGRAM,), priors=priors)
             if choice.proposer != NGRAM and lookups.get(req.id) and req.shadow is None:
                 req.shadow = (len(req.generated), lookups[req.id])  # checked against what it emits
