@@ -8,7 +8,10 @@ One :meth:`Engine.step`:
 3. **draft** for every decoding request, except those the difficulty-aware early exit
    skips (their own history says the first draft would likely be rejected) and, under
    the SPS-driven policies, those whose expected accepted tokens would not repay the
-   drafting and verification time (cost-aware drafting, ``scheduler/drafting.py``);
+   drafting and verification time (cost-aware drafting, ``scheduler/drafting.py``); with
+   ``EngineConfig.payoff`` instead, each request drafts with the proposer (n-gram lookup
+   or the model) its own history says pays most now, or not at all
+   (``scheduler/payoff.py``, ``engine/payoff_drafting.py``);
 4. **schedule**: the policy turns confidences (the drafter's, or the online estimator's)
    into per-request verification lengths ``ℓ_r`` (``scheduler/policies.py``);
 5. **one target forward** over the flattened runs — each decoding request's anchor and
