@@ -32,6 +32,7 @@ from dspark.scheduler.payoff import (
 )
 
 POOL_MEMORY = 0.99  # per pooled observation
+SHADOW_EVERY = 4  # tokens between n-gram lookups while the n-gram does not pay
 
 NGRAM, MODEL = "ngram", "model"
 
@@ -93,9 +94,11 @@ class PayoffDrafting:
             c = self.ngram.config
             for req in decoding:
                 n = min(K, max(req.draft_budget, 0))
-                # No lookup while a shadow proposal is pending and even a full block would not pay.
-                pending = req.shadow is not None and n > 0
-                skip = n == 0 or (pending and req.payoff.gains({NGRAM: n}, costs, priors)[NGRAM][0] <= 0)
+                # While even a full block would not pay, look up only to refresh the shadow
+                # evidence, every SHADOW_EVERY tokens: a lookup per request per step is not free.
+                hopeless = n > 0 and req.payoff.gains({NGRAM: n}, costs, priors)[NGRAM][0] <= 0
+                due = req.shadow is None and len(req.generated) % SHADOW_EVERY == 0
+                skip = n == 0 or (hopeless and not due)
                 lookups[req.id] = [] if skip else lookup(np.asarray(req.state.token_ids), n, c.min_n, c.max_n)
             self._measured(NGRAM, time.perf_counter() - started, len(decoding))
         choices = []
