@@ -46,6 +46,7 @@ COMMANDS: dict[str, tuple[AddArgs, Main]] = {
     "bench matrix": (bench.add_bench_matrix_args, bench.main_bench_matrix),
     "bench target": (bench.add_bench_target_args, bench.main_bench_target),
     "bench markov-overhead": (bench.add_bench_overhead_args, bench.main_bench_overhead),
+    "bench round": (bench.add_bench_round_args, bench.main_bench_round),
     "profile": (profile.add_profile_args, profile.main_profile),
     "serve": (serve.add_serve_args, serve.main_serve),
     "bench serve": (bench.add_bench_serve_args, bench.main_bench_serve),

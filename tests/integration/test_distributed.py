@@ -4,7 +4,8 @@ The processes are spawned with the environment torchrun would give them (RANK,
 WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, a free MASTER_PORT) and join through
 :func:`dspark.distributed.launch`. Each trains the stand-in drafter for 3
 steps with global batch 4 = micro 2 x 2 processes, once behind DDP and once behind
-FSDP2, then real DSpark and Eagle3 drafters behind FSDP2; one process trains the same global
+FSDP2, then real DSpark (with a mask token and with a learned mask input) and Eagle3 drafters
+behind FSDP2; one process trains the same global
 batch as micro 2 x 2 accumulation steps (and the stand-in as one micro-batch of 4).
 """
 
@@ -53,6 +54,11 @@ def _run(cfg: TrainConfig, world=None) -> ToyDrafter:
 
 REAL = {
     "dspark": (DSparkDrafter, DSparkConfig(num_layers=2, block_size=3, mask_token_id=63, markov_rank=4)),
+    # A learned mask input is the held backbone's own parameter: FSDP2 must shard and train it.
+    "dspark-mask": (
+        DSparkDrafter,
+        DSparkConfig(num_layers=2, block_size=3, mask_embedding=True, markov_rank=4),
+    ),
     "eagle3": (Eagle3Drafter, Eagle3Config(block_size=3)),
 }
 

@@ -48,6 +48,7 @@ LIMITS: dict[str, list[str]] = {
     "bench decode": ["--limit", "1", *FAST],
     "bench target": ["--limit", "1", "--samples", "1", *FAST],
     "bench markov-overhead": ["--batch", "1", "--repeats", "1"],
+    "bench round": ["--limit", "1", "--max-tokens", "4", "--repeats", "1", "--dtypes", "float32"],
     "campaign": ["--prompts", "4", "--epochs", "1", "--eval-prompts", "1", "--eval-max-tokens", "8",
                  "--no-progress"],
 }  # fmt: skip

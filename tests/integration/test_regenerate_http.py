@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse
 
 from dspark.data.http_backend import HttpBackend, HttpConfig
 from dspark.data.prompts import Prompt, write_prompts
-from dspark.data.records import read_records
+from dspark.data.records import read_jsonl
 from dspark.data.regenerate import InProcessBackend, RegenerateConfig, chat_prompt_ids, regenerate
 from dspark.decoding import speculative_generate
 from dspark.protocols import SamplingParams
@@ -194,7 +194,7 @@ def test_http_equals_in_process_and_replays_turns_in_order(target, tmp_path):
         GREEDY,
         RegenerateConfig(progress=False),
     )
-    by_id = lambda path: {r["id"]: r for r in read_records(path)}  # noqa: E731
+    by_id = lambda path: {r["id"]: r for r in read_jsonl(path, log=True)}  # noqa: E731
     http, local = by_id(tmp_path / "http.jsonl"), by_id(tmp_path / "local.jsonl")
     assert set(http) == set(local) == {p.key for p in prompts}
     for key, record in http.items():
@@ -249,7 +249,7 @@ def test_failing_server_retries_then_error_file(target, tmp_path):
             RegenerateConfig(concurrency=4, progress=False),
         )
         assert (first.done, first.failed) == (12, 3)
-        errors = {e["id"]: e for e in read_records(err)}
+        errors = {e["id"]: e for e in read_jsonl(err, log=True)}
         assert set(errors) == {p.key for p in prompts[12:]}
         for p in prompts[12:14]:
             assert errors[p.key]["retryable"] and "HTTP 500" in errors[p.key]["reason"]
@@ -265,7 +265,7 @@ def test_failing_server_retries_then_error_file(target, tmp_path):
         )
     assert (second.resumed, second.skipped, second.done, second.failed) == (12, 1, 0, 2)
     assert len(app.state.requests) - before == 2
-    assert len(read_records(out)) == 12
+    assert len(read_jsonl(out, log=True)) == 12
 
 
 def test_kill_and_resume_has_no_duplicate_and_no_loss(target, tmp_path, capsys):
@@ -288,13 +288,13 @@ def test_kill_and_resume_has_no_duplicate_and_no_loss(target, tmp_path, capsys):
             time.sleep(0.01)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        killed_at = len(read_records(out, repair=False))
+        killed_at = len(read_jsonl(out, log=True, repair=False))
         assert 8 <= killed_at < len(prompts)
         capsys.readouterr()
         assert main(args) == 0  # the rerun, in this process (saves a second interpreter start)
     report = json.loads(capsys.readouterr().out)
     assert report["resumed"] == killed_at and report["done"] == len(prompts) - killed_at
-    ids = [r["id"] for r in read_records(out)]
+    ids = [r["id"] for r in read_jsonl(out, log=True)]
     assert len(ids) == len(set(ids)) == len(prompts)
     assert set(ids) == {p.key for p in prompts}
 

@@ -26,7 +26,8 @@ from dspark.targets import TargetAdapter
 
 from .server_harness import MODEL, make_worker, serving
 
-HEALTH_BUDGET_S = 0.2
+# Generous for a loaded CI machine, still far below the stalls the fixes removed (7.4 s, 29 s).
+HEALTH_BUDGET_S = 1.0
 # Without the fix: 64M template iterations on the event loop (≈ 2 s of stalled /health here).
 LOOPING_TEMPLATE = "{% for i in range(8000) %}{% for j in range(8000) %}{% endfor %}{% endfor %}hi"
 
@@ -91,7 +92,7 @@ def test_a_template_sent_in_chat_template_kwargs_is_refused_without_rendering(ur
         assert r.status_code == 400 and "'chat_template'" in r.json()["error"]["message"], r.text
         variables = {**body, "chat_template_kwargs": {"enable_thinking": False}}  # variables still pass
         assert c.post(f"{url}/v1/chat/completions", json=variables).status_code == 200
-    assert seconds < 1.0 and probe.worst < HEALTH_BUDGET_S, (seconds, probe.worst)
+    assert seconds < 3.0 and probe.worst < HEALTH_BUDGET_S, (seconds, probe.worst)
 
 
 def test_a_10_mb_body_is_refused_at_once_without_the_memory(url):
@@ -111,7 +112,7 @@ def test_a_10_mb_body_is_refused_at_once_without_the_memory(url):
         chunked = c.post(f"{url}/v1/completions", content=chunks(), headers=json_type)
     assert r.status_code == 413 and "larger than" in r.json()["error"]["message"], r.text
     assert chunked.status_code == 413
-    assert seconds < 2.0 and probe.worst < HEALTH_BUDGET_S, (seconds, probe.worst)
+    assert seconds < 5.0 and probe.worst < HEALTH_BUDGET_S, (seconds, probe.worst)
     assert _rss_mb() - before < 200  # the server never held the prompt's tokens (was ≈ +1.45 GB)
 
 

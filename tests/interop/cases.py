@@ -134,7 +134,7 @@ def block_reference(drafter) -> dict[str, torch.Tensor]:
     H, L = drafter.dims.hidden_size, len(drafter.target_layer_ids)
     features = torch.randn(CONTEXT, L, H, generator=g)  # [C, L, H]
     positions = torch.arange(CONTEXT)  # [C]
-    h_ctx = drafter.context_features(features).unsqueeze(0)  # [1, C, H]
+    h_ctx = drafter.backbone.context_features(features).unsqueeze(0)  # [1, C, H]
     cos, sin = rope_cos_sin(positions.unsqueeze(0), drafter.dims.head_dim, drafter.dims.rope_theta)
     ref = {"in.features": features.flatten(1), "in.positions": positions}  # [C, L*H]
     for i, layer in enumerate(drafter.layers):
@@ -143,7 +143,7 @@ def block_reference(drafter) -> dict[str, torch.Tensor]:
         ref[f"out.context_v.{i}"] = v[0].transpose(0, 1).flatten(1)
     h = torch.randn(ROWS, H, generator=g)  # [N, H]: final-normed block hidden states
     prev = torch.randint(0, drafter.dims.vocab_size, (ROWS,), generator=g)  # [N]
-    ref |= {"in.h": h, "in.prev": prev, "out.lm_head": drafter.logits(h)}
+    ref |= {"in.h": h, "in.prev": prev, "out.lm_head": drafter.backbone.logits(h)}
     head = getattr(drafter, "markov_head", None)
     if head is not None:
         bias, emb, _ = head.step(prev, h, head.initial_state(ROWS, h))

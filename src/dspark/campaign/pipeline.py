@@ -209,7 +209,7 @@ class Campaign:
 
         def run() -> dict[str, Any]:
             from dspark.data.cache_build import CacheBuildConfig, build_cache
-            from dspark.data.samples import read_jsonl
+            from dspark.data.records import read_jsonl
 
             config = CacheBuildConfig(
                 dtype=p.cache_dtype, max_length=p.max_length, overwrite=True, progress=self.progress
@@ -242,20 +242,16 @@ class Campaign:
             from dspark.eval.online import online_tau_eval
             from dspark.presets import drafters as presets
             from dspark.training.fresh import train_new_drafter
-            from dspark.training.trainer import TrainConfig
+            from dspark.training.recipe import train_config
 
             features = FeatureCache.open(self.out / "cache")
             features.check_compatible(self.target, template_kwargs={}, max_length=p.max_length)
             samples = TrainDataset(features.token_samples())
             max_steps = p.steps(len(samples))
-            cfg = TrainConfig(
-                output_dir=str(run_dir),
+            cfg = train_config(
+                run_dir,
+                p,
                 max_steps=max_steps,
-                global_batch_size=p.batch_size,
-                micro_batch_size=p.micro_batch_size,
-                lr=p.lr,
-                num_anchors=p.num_anchors,
-                seed=p.seed,
                 save_every=p.save_every,
                 keep_last=2,
                 log_every=p.log_every,

@@ -1,4 +1,4 @@
-"""``dspark bench decode|matrix|target|markov-overhead|serve``: the measuring commands.
+"""``dspark bench decode|matrix|target|markov-overhead|round|serve``: the measuring commands.
 
 Each prints ratios against a baseline run in the same process (the machine is noisy);
 the measuring itself lives in :mod:`dspark.eval.decode_speed`, :mod:`dspark.eval.target_report`,
@@ -14,12 +14,20 @@ import logging
 import sys
 
 from dspark.commands.argtypes import non_negative_float, positive_int
-from dspark.commands.options import add_block_size, add_drafter, add_drafters, add_payoff, add_target
+from dspark.commands.options import (
+    add_block_size,
+    add_drafter,
+    add_drafters,
+    add_dtype,
+    add_payoff,
+    add_target,
+)
 from dspark.errors import DsparkError
 
 
 def add_bench_decode_args(p: argparse.ArgumentParser) -> None:
     add_target(p)
+    add_dtype(p)
     p.add_argument(
         "--bench",
         default="code",
@@ -64,14 +72,14 @@ def add_bench_decode_args(p: argparse.ArgumentParser) -> None:
 def main_bench_decode(args: argparse.Namespace) -> int:
     """Batch-1 greedy tokens/s of HF generate vs our loop with each drafter, as ratios from one run."""
     from dspark import conditions as run_conditions
-    from dspark.commands.loading import load_target
+    from dspark.commands.loading import load_inference_target, load_target
     from dspark.data.prompts import load_prompts
     from dspark.drafters.registry import build_drafter
     from dspark.eval.decode_speed import batch1_engine, bench_decode, verify_cost_ratio
 
     # Every prompt set is read (and a bad one refused) before anything is decoded.
     prompt_sets = {bench: load_prompts(bench, args.limit) for bench in args.bench.split(",")}
-    target = load_target(args.target)
+    target = load_inference_target(args.target, args.dtype)
     conditions = run_conditions.for_target(target)
     drafters = {name: build_drafter(name, target) for name in args.drafters.split(",")}
     policies = [p.strip() for p in args.engine_policies.split(",") if p.strip()]
@@ -136,6 +144,7 @@ def main_bench_decode(args: argparse.Namespace) -> int:
 
 def add_bench_matrix_args(p: argparse.ArgumentParser) -> None:
     add_target(p)
+    add_dtype(p)
     p.add_argument(
         "--prompts",
         default="code,math,chat",
@@ -163,7 +172,7 @@ def add_bench_matrix_args(p: argparse.ArgumentParser) -> None:
 def main_bench_matrix(args: argparse.Namespace) -> int:
     """Prompt set x drafter x concurrency -> speedup over plain decoding: payoff control vs static."""
     from dspark import conditions as run_conditions
-    from dspark.commands.loading import load_target
+    from dspark.commands.loading import load_inference_target
     from dspark.data.chat import prompt_ids
     from dspark.data.prompts import load_prompts
     from dspark.drafters.registry import build_drafter
@@ -177,7 +186,7 @@ def main_bench_matrix(args: argparse.Namespace) -> int:
         raise DsparkError("--concurrency values must be >= 1")
     static = [p.strip() for p in args.static.split(",") if p.strip()]
     sets = {spec.strip(): load_prompts(spec.strip(), args.limit) for spec in args.prompts.split(",")}
-    target = load_target(args.target)
+    target = load_inference_target(args.target, args.dtype)
     ids = {name: [prompt_ids(target.tokenizer, p) for p in prompts] for name, prompts in sets.items()}
     drafters = {name: build_drafter(name, target) for name in args.drafters.split(",")}
     if any(d is None for d in drafters.values()):
@@ -235,6 +244,7 @@ def main_bench_matrix(args: argparse.Namespace) -> int:
 
 def add_bench_target_args(p: argparse.ArgumentParser) -> None:
     add_target(p)
+    add_dtype(p)
     p.add_argument("--limit", type=positive_int, default=40, help="prompts per built-in domain")
     p.add_argument("--max-tokens", type=positive_int, default=384, help="tokens per answer")
     p.add_argument("--samples", type=int, default=3, help="sample answers to print per domain")
@@ -242,10 +252,10 @@ def add_bench_target_args(p: argparse.ArgumentParser) -> None:
 
 def main_bench_target(args: argparse.Namespace) -> int:
     """How structured the target's greedy answers are on the built-in math/code/chat prompts."""
-    from dspark.commands.loading import load_target
+    from dspark.commands.loading import load_inference_target
     from dspark.eval.target_report import target_report
 
-    target = load_target(args.target)
+    target = load_inference_target(args.target, args.dtype)
     reports = target_report(target, limit=args.limit, max_tokens=args.max_tokens, samples=args.samples)
     print(json.dumps([r.as_dict() for r in reports], indent=2))
     for r in reports:
@@ -256,6 +266,7 @@ def main_bench_target(args: argparse.Namespace) -> int:
 
 def add_bench_overhead_args(p: argparse.ArgumentParser) -> None:
     add_target(p)
+    add_dtype(p)
     add_drafter(p, default="dspark", purpose="a drafter with a sequential (Markov/RNN) head", with_none=False)
     p.add_argument("--batch", default="1,8", help="comma-separated request counts")
     p.add_argument("--repeats", type=positive_int, default=20, help="timings per part (the median is kept)")
@@ -264,13 +275,13 @@ def add_bench_overhead_args(p: argparse.ArgumentParser) -> None:
 def main_bench_overhead(args: argparse.Namespace) -> int:
     """Cost of DSpark's sequential (Markov/RNN) sampling loop as a share of a round (goal ≤ 1.3%)."""
     from dspark import conditions as run_conditions
-    from dspark.commands.loading import load_target
+    from dspark.commands.loading import load_inference_target
     from dspark.data.chat import prompt_ids
     from dspark.data.prompts import load_prompts
     from dspark.drafters.registry import build_drafter
     from dspark.eval.overhead import sequential_head_overhead
 
-    target = load_target(args.target)
+    target = load_inference_target(args.target, args.dtype)
     drafter = build_drafter(args.drafter, target)
     if getattr(drafter, "markov_head", None) is None:
         raise DsparkError(f"{args.drafter!r} has no sequential head to measure")
@@ -295,6 +306,7 @@ def main_bench_overhead(args: argparse.Namespace) -> int:
 
 def add_bench_serve_args(p: argparse.ArgumentParser) -> None:
     add_target(p)
+    add_dtype(p)
     add_drafter(p, default="dflash", purpose="drafter of every policy but 'none'")
     p.add_argument(
         "--policies",
@@ -333,7 +345,7 @@ def main_bench_serve(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from dspark import conditions as run_conditions
-    from dspark.commands.loading import load_target
+    from dspark.commands.loading import load_inference_target
     from dspark.data.prompts import load_prompts
     from dspark.drafters.registry import build_drafter
     from dspark.server.load import bench_serve, plot_load
@@ -348,7 +360,7 @@ def main_bench_serve(args: argparse.Namespace) -> int:
     sets = [[p.turns[0] for p in load_prompts(spec.strip(), args.limit)] for spec in args.prompts.split(",")]
     # Interleaved (math, code, chat, math, ...): every point, whatever its size, sees the same mix.
     prompts = [p for group in itertools.zip_longest(*sets) for p in group if p is not None]
-    target = load_target(args.target)
+    target = load_inference_target(args.target, args.dtype)
     drafter = build_drafter(args.drafter, target)
     conditions = run_conditions.for_target(target)
 
@@ -391,3 +403,104 @@ def main_bench_serve(args: argparse.Namespace) -> int:
     plot = plot_load(points, out / "throughput_vs_per_user.png")
     print(json.dumps({"results": str(out / "results.json"), "plot": str(plot)}))
     return 0
+
+
+def add_bench_round_args(p: argparse.ArgumentParser) -> None:
+    add_target(p)
+    p.add_argument(
+        "--dtypes",
+        default="float32,bfloat16",
+        help="comma-separated dtypes to load the target in, one after the other in this process",
+    )
+    add_drafter(p, default="dspark", purpose="a drafter with a sequential (Markov/RNN) head", with_none=False)
+    p.add_argument(
+        "--untrained",
+        action="store_true",
+        help="time an untrained DSpark drafter of the shipped one's shape (2 layers, rank 64) built "
+        "for --target (timings do not depend on the weights; for targets without a shipped drafter)",
+    )
+    p.add_argument("--bench", default="math", help="built-in prompt set of the engine decodes")
+    p.add_argument("--limit", type=positive_int, default=3, help="prompts decoded through the engine")
+    p.add_argument("--max-tokens", type=positive_int, default=48, help="tokens per engine answer")
+    add_block_size(p, help="drafts per round (γ)")
+    p.add_argument("--repeats", type=positive_int, default=15, help="timings per part (the median is kept)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def main_bench_round(args: argparse.Namespace) -> int:
+    """Where a greedy batch-1 round's time goes (eval/round_cost.py), per dtype; the sequential
+    loop before issue 17 is timed beside today's."""
+    import torch
+
+    from dspark import conditions as run_conditions
+    from dspark.commands.loading import load_target
+    from dspark.data.chat import prompt_ids
+    from dspark.data.prompts import load_prompts
+    from dspark.drafters.registry import build_drafter
+    from dspark.eval.round_cost import round_breakdown
+    from dspark.targets.dtype import DTYPES
+
+    names = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    unknown = [d for d in names if d not in DTYPES]
+    if unknown or not names:
+        raise DsparkError(f"--dtypes takes {', '.join(DTYPES)}; got {args.dtypes!r}")
+    rows, conditions = [], None
+    for name in names:
+        target = load_target(args.target, dtype=DTYPES[name])
+        conditions = conditions or run_conditions.for_target(target)
+        drafter = (
+            untrained_dspark(target, args.block_size)
+            if args.untrained
+            else build_drafter(args.drafter, target)
+        )
+        if getattr(drafter, "markov_head", None) is None:
+            raise DsparkError(f"{args.drafter!r} has no sequential head to measure")
+        prompts = [prompt_ids(target.tokenizer, p) for p in load_prompts(args.bench, args.limit)]
+        with torch.no_grad():
+            rows.append(
+                round_breakdown(
+                    target,
+                    drafter,
+                    prompts,
+                    block_size=args.block_size,
+                    max_tokens=args.max_tokens,
+                    repeats=args.repeats,
+                )
+            )
+    conditions = conditions.ended()
+    if args.json:
+        print(json.dumps({"rows": [r.as_dict() for r in rows], "conditions": conditions.as_dict()}, indent=2))
+    else:
+        parts = [
+            ("decode_step_s", "target decode step (1 token)"),
+            ("verify_s", "target verify (1 + γ tokens)"),
+            ("sampling_s", "target-side sampling + verification"),
+            ("backbone_s", "drafter backbone (layers + LM head)"),
+            ("loop_before_s", "DSpark loop, before issue 17"),
+            ("loop_s", "DSpark loop, now"),
+            ("propose_s", "propose, now"),
+            ("engine_forward_s", "engine step: target forward"),
+            ("engine_draft_s", "engine step: propose"),
+            ("engine_update_s", "engine step: drafter update"),
+            ("engine_bookkeeping_s", "engine step: bookkeeping"),
+        ]
+        print(f"{'ms per part':<40}" + "".join(f"{r.dtype:>12}" for r in rows))
+        for key, label in parts:
+            print(f"{label:<40}" + "".join(f"{getattr(r, key) * 1e3:>12.3f}" for r in rows))
+        print(f"{'loop speed-up (before / now)':<40}" + "".join(f"{r.loop_speedup:>11.2f}x" for r in rows))
+        print(f"run conditions: {conditions.describe()}")
+    if conditions.warning():
+        print(f"warning: {conditions.warning()}", file=sys.stderr)
+    return 0
+
+
+def untrained_dspark(target, block_size: int):
+    """A seeded random-init DSpark drafter for ``target``, shaped as the shipped tiny one."""
+    import torch
+
+    from dspark.drafters.dspark import DSparkConfig, DSparkDrafter
+
+    torch.manual_seed(0)
+    mask = target.tokenizer.pad_token_id if target.tokenizer is not None else None
+    config = DSparkConfig(num_layers=2, block_size=block_size, markov_rank=64, mask_token_id=mask or 0)
+    return DSparkDrafter.from_target(target, config).eval()

@@ -259,12 +259,12 @@ def main_cache(args: argparse.Namespace) -> int:
     from dspark import distributed
     from dspark.commands.loading import load_target
     from dspark.data.cache_build import CacheBuildConfig, build_cache
-    from dspark.data.records import read_records
+    from dspark.data.records import read_jsonl
 
     set_threads(args.threads)
     if not args.data.is_file():
         raise DsparkError(f"no training records at {args.data}")
-    records = read_records(args.data, repair=False)
+    records = read_jsonl(args.data)
     with distributed.launch() as world:
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(
             args.target_dtype, torch.bfloat16 if world.device.type == "cuda" else torch.float32
@@ -344,12 +344,12 @@ def add_estimate_args(p: argparse.ArgumentParser) -> None:
 def _count_tokens(target: str, data: Path, max_length: int, template_kwargs: dict) -> int:
     from transformers import AutoTokenizer
 
-    from dspark.data.records import read_records
+    from dspark.data.records import read_jsonl
     from dspark.data.samples import tokenize_records
 
     tokenizer = AutoTokenizer.from_pretrained(target)
     dataset = tokenize_records(
-        read_records(data, repair=False), tokenizer, max_length=max_length, template_kwargs=template_kwargs
+        read_jsonl(data), tokenizer, max_length=max_length, template_kwargs=template_kwargs
     )
     return sum(s.input_ids.numel() for s in dataset)
 

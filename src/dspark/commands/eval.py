@@ -16,10 +16,17 @@ import logging
 import sys
 from pathlib import Path
 
-from dspark.commands.loading import load_drafters, load_target, parse_drafter_specs, set_threads
+from dspark.commands.loading import (
+    load_drafters,
+    load_inference_target,
+    load_target,
+    parse_drafter_specs,
+    set_threads,
+)
 from dspark.commands.options import (
     add_device,
     add_drafters,
+    add_dtype,
     add_no_progress,
     add_target,
     add_template_kwargs,
@@ -35,10 +42,15 @@ DEFAULT_BENCH = "math,code,chat"
 # -- shared arguments -------------------------------------------------------------------------
 
 
-def add_target_args(p: argparse.ArgumentParser) -> None:
-    """``--target``, ``--device`` and ``--threads``: where the target runs."""
+def add_target_args(p: argparse.ArgumentParser, *, dtype: bool = True) -> None:
+    """``--target``, ``--device``, ``--dtype`` and ``--threads``: where the target runs.
+
+    ``dtype=False`` for verbs that train with the target (they keep the trainer's dtype).
+    """
     add_target(p)
     add_device(p)
+    if dtype:
+        add_dtype(p)
     add_threads(p)
 
 
@@ -81,7 +93,9 @@ def setup_threads(args: argparse.Namespace) -> None:
 
 
 def load_eval_target(args: argparse.Namespace):
-    return load_target(args.target, device=args.device)
+    if not hasattr(args, "dtype"):  # a training verb: the trainer's dtype (fp32 on the CPU)
+        return load_target(args.target, device=args.device)
+    return load_inference_target(args.target, args.dtype, device=args.device)
 
 
 def load_benchmarks(args: argparse.Namespace, *, skip: int = 0):

@@ -7,7 +7,14 @@ import json
 import sys
 
 from dspark.commands.argtypes import positive_int
-from dspark.commands.options import add_block_size, add_drafter, add_payoff, add_sampling, add_target
+from dspark.commands.options import (
+    add_block_size,
+    add_drafter,
+    add_dtype,
+    add_payoff,
+    add_sampling,
+    add_target,
+)
 
 
 def add_generate_args(p: argparse.ArgumentParser) -> None:
@@ -15,6 +22,7 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
         "--prompt", required=True, help="the user message; applied through the target's chat template"
     )
     add_target(p)
+    add_dtype(p)
     add_drafter(p, default="ngram", purpose="ngram is prompt lookup, none plain decoding")
     add_sampling(p)
     p.add_argument("--max-tokens", type=positive_int, default=256, help="most tokens to generate")
@@ -31,7 +39,7 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
 
 def main_generate(args: argparse.Namespace) -> int:
     """Generate an answer with speculative decoding; τ and tokens/s go to stderr."""
-    from dspark.commands.loading import load_target
+    from dspark.commands.loading import load_inference_target
     from dspark.data.chat import chat_prompt_ids, user_messages
     from dspark.drafters.registry import build_drafter
     from dspark.engine import Engine, EngineConfig
@@ -46,7 +54,7 @@ def main_generate(args: argparse.Namespace) -> int:
         stop=tuple(args.stop),
         seed=args.seed,
     )
-    target = load_target(args.target)
+    target = load_inference_target(args.target, args.dtype)
     drafter = build_drafter(args.drafter, target)
     tok = target.tokenizer
     if args.raw:

@@ -40,6 +40,27 @@ def load_target(spec: str | None, **kwargs) -> TargetAdapter:
     return TargetAdapter.from_pretrained(resolve_target(spec), **kwargs)
 
 
+def load_inference_target(spec: str | None, dtype: str | None = "auto", device=None) -> TargetAdapter:
+    """The target of a decoding command in the dtype of ``--dtype`` (``auto``: see ``targets/dtype.py``)."""
+    from dspark.targets.dtype import inference_dtype
+
+    hidden = target_hidden_size(spec) if dtype in (None, "auto") else None
+    return load_target(spec, dtype=inference_dtype(dtype, device, hidden_size=hidden), device=device)
+
+
+def target_hidden_size(spec: str | None) -> int | None:
+    """The hidden size in the config of ``--target`` (None when it cannot be read before loading)."""
+    from transformers import AutoConfig
+
+    from dspark.presets.tiny import resolve_target
+
+    try:
+        config = AutoConfig.from_pretrained(resolve_target(spec))
+    except (OSError, ValueError):
+        return None  # load_target reports what is wrong with the folder
+    return getattr(config.get_text_config(), "hidden_size", None)
+
+
 def parse_drafter_specs(text: str) -> dict[str, str]:
     """``"dspark,dflash=runs/a/drafter"`` → ``{"dspark": "dspark", "dflash": "runs/a/drafter"}``.
 
@@ -81,7 +102,7 @@ def drafter_folder(spec: str) -> Path:
 
 def training_records(specs: list[str], limit: int | None = None) -> list[dict]:
     """The records of ``--data``: JSONL files, or ``tiny-corpus``; the first ``limit``."""
-    from dspark.data.samples import read_jsonl
+    from dspark.data.records import read_jsonl
 
     records: list[dict] = []
     for spec in specs:

@@ -2,7 +2,7 @@
 
 ``--target`` is defined once here, and so are ``--drafter`` / ``--drafters`` (their help
 lists the registered names), the sampling flags, ``--template-kwargs``, ``--threads``,
-``--device``, ``--block-size`` and ``--no-progress``. Nothing here imports torch: the
+``--device``, ``--dtype``, ``--block-size`` and ``--no-progress``. Nothing here imports torch: the
 parser is built, and ``--help`` printed, before any heavy module is loaded.
 """
 
@@ -46,6 +46,17 @@ def add_device(p: argparse.ArgumentParser) -> None:
         "--device",
         default=None,
         help="torch device of the target and drafters (default: cuda if present, else cpu)",
+    )
+
+
+def add_dtype(p: argparse.ArgumentParser) -> None:
+    """``--dtype``: what the target and drafters decode in (resolved by ``targets/dtype.py``)."""
+    p.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16"],
+        default="auto",
+        help="dtype of the target and drafters; auto = bfloat16 on CUDA and on CPUs with native bf16 "
+        "(AVX512_BF16, AMX, Arm BF16), else float32. Output is lossless against the target in this dtype",
     )
 
 

@@ -11,11 +11,12 @@ import argparse
 import json
 from pathlib import Path
 
-from dspark.commands.options import add_block_size, add_target
+from dspark.commands.options import add_block_size, add_dtype, add_target
 
 
 def add_profile_args(p: argparse.ArgumentParser) -> None:
     add_target(p)
+    add_dtype(p)
     p.add_argument("--max-batch", type=int, default=32, help="engine KV slots (requests at once)")
     add_block_size(p)
     p.add_argument("--max-seq-len", type=int, default=None, help="tokens per KV slot (default: the engine's)")
@@ -29,12 +30,12 @@ def main_profile(args: argparse.Namespace) -> int:
     The thread count (``dspark --threads N profile``) is part of the profile's key: run the
     engine with the same setting to have it load this table.
     """
-    from dspark.commands.loading import load_target
+    from dspark.commands.loading import load_inference_target
     from dspark.engine.config import DEFAULT_MAX_SEQ_LEN
     from dspark.engine.profile import default_profile_path, profile_sps
     from dspark.targets.flat import KVStore
 
-    target = load_target(args.target)
+    target = load_inference_target(args.target, args.dtype)
     capacity = min(args.max_seq_len or DEFAULT_MAX_SEQ_LEN, target.max_context)
     store = KVStore.for_target(target, num_slots=args.max_batch, capacity=capacity)
     table = profile_sps(target, store, block_size=args.block_size, repeats=args.repeats)

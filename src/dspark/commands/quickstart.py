@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from dspark.commands.options import add_no_progress
+from dspark.commands.options import add_dtype, add_no_progress
 
 
 def add_quickstart_args(p: argparse.ArgumentParser) -> None:
@@ -23,6 +23,7 @@ def add_quickstart_args(p: argparse.ArgumentParser) -> None:
         help="run folder (default: runs/quickstart, or runs/quickstart-fast with --fast); "
         "rerunning into it resumes the finished stages",
     )
+    add_dtype(p)
     add_no_progress(p, help="no progress bars (stage lines still print)")
 
 
@@ -45,6 +46,7 @@ def main_quickstart(args: argparse.Namespace) -> int:
         out,
         progress=not args.no_progress,
         announce=lambda line: print(line, file=sys.stderr, flush=True),
+        dtype=args.dtype,
     )
     for line in headline_lines(json.loads((report.parent / "summary.json").read_text())):
         print(line)

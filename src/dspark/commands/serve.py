@@ -14,19 +14,41 @@ import socket
 import sys
 
 from dspark.commands.argtypes import non_negative_float, positive_int
-from dspark.commands.options import add_block_size, add_drafter, add_payoff, add_target
+from dspark.commands.options import add_block_size, add_drafter, add_dtype, add_payoff, add_target
 from dspark.errors import DsparkError
 
 logger = logging.getLogger(__name__)
 
 
+class _PolicyArgument(argparse.Action):
+    """``--scheduler``: its help lists the rows of the scheduler's policy registry.
+
+    The registry imports torch, so the list is read when the help is shown, not when the
+    parser is built (``dspark`` answers argument errors without importing torch).
+    """
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+
+    @property
+    def help(self) -> str:
+        from dspark.scheduler.policies import policy_spellings
+
+        return f"verification policy: {policy_spellings()} (DESIGN §9)"
+
+    @help.setter
+    def help(self, value: str | None) -> None:  # argparse assigns it; the property is the help
+        pass
+
+
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     add_target(p)
+    add_dtype(p)
     add_drafter(p, default="ngram")
     p.add_argument(
         "--scheduler",
         default="prefix",
-        help="verification policy: fixed | fixed:k | threshold:t | prefix | prefix-async (DESIGN §9)",
+        action=_PolicyArgument,
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for every interface)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (0 = any free port)")
@@ -86,7 +108,7 @@ def main_serve(args: argparse.Namespace) -> int:
     GET /v1/models, GET /health (503 when the engine is dead or draining), GET /metrics
     (Prometheus), GET /openapi.json.
     """
-    from dspark.commands.loading import load_target
+    from dspark.commands.loading import load_inference_target
     from dspark.drafters.registry import build_drafter
     from dspark.engine import Engine, EngineConfig
     from dspark.engine.worker import EngineWorker
@@ -112,7 +134,7 @@ def main_serve(args: argparse.Namespace) -> int:
     api_key = resolve_api_key(args.api_key, args.api_key_file)
     model_name = served_model_name(args.target, args.model_name)
     sock = _listen(args.host, args.port)
-    target = load_target(args.target)
+    target = load_inference_target(args.target, args.dtype)
     drafter = build_drafter(args.drafter, target)
     worker = EngineWorker(Engine(target, drafter, config))
     app = create_app(

@@ -38,7 +38,7 @@ def _add_sweep_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-anchors", type=int, default=512, help="blocks per sequence")
     p.add_argument("--max-length", type=int, default=1024, help="tokens per training sequence")
     add_decoding_args(p, max_tokens=128)
-    add_target_args(p)
+    add_target_args(p, dtype=False)  # it trains: the trainer's dtype
     p.add_argument(
         "--out", type=Path, required=True, help="folder: runs/, eval/, sweep.json, the plot, report.md"
     )

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dspark.commands.loading import TINY_CORPUS
 from dspark.commands.options import add_target, add_template_kwargs, add_threads
-from dspark.drafters.registry import TRAINABLE
+from dspark.drafters.registry import MASK_TOKEN_METHODS, TRAINABLE
 from dspark.errors import DsparkError
 
 log = logging.getLogger(__name__)
@@ -48,8 +48,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--mask-token",
         default=None,
-        help="dflash/dspark block mask input: an existing token or id, or 'learned' (a trainable "
-        "embedding); default: the tokenizer's mask token",
+        help=f"{'/'.join(MASK_TOKEN_METHODS)} block mask input: an existing token or id, or 'learned' "
+        "(a trainable embedding); default: the tokenizer's mask token",
     )
     p.add_argument("--steps", type=int, default=300, help="optimizer steps")
     p.add_argument("--batch-size", type=int, default=8, help="global batch (sequences per optimizer step)")
@@ -137,19 +137,16 @@ def main_train(args: argparse.Namespace) -> int:
     from dspark.drafters.kinds import KINDS
     from dspark.drafters.target_choices import apply_target_choices
     from dspark.eval.online import online_tau_eval
-    from dspark.training.trainer import TrainConfig, train
+    from dspark.training.recipe import train_config
+    from dspark.training.trainer import train
 
     set_threads(args.threads)
     template_kwargs = args.template_kwargs
     config = _drafter_config(args.drafter, args.preset, is_tiny(args.target))
-    cfg = TrainConfig(
-        output_dir=str(args.out),
+    cfg = train_config(
+        args.out,
+        args,
         max_steps=args.steps,
-        global_batch_size=args.batch_size,
-        micro_batch_size=args.micro_batch_size,
-        lr=args.lr,
-        num_anchors=args.num_anchors,
-        seed=args.seed,
         parallel=args.parallel,
         save_every=args.save_every,
         eval_every=args.eval_every,

@@ -35,6 +35,7 @@ from dspark.data.cache import (
     template_identity,
 )
 from dspark.data.estimate import CacheEstimate, check_disk, estimate_cache
+from dspark.durable import write_atomic
 from dspark.errors import DsparkError
 
 log = logging.getLogger(__name__)
@@ -51,23 +52,9 @@ class CacheBuildConfig:
     progress: bool = True
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``path`` through a temporary file, fsync, rename: readers see all of it or none."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Readers see all of ``path`` or none (:func:`~dspark.durable.write_atomic`)."""
+    write_atomic(path, data, tmp=path.with_name(path.name + ".tmp"))
 
 
 class ShardWriter:
@@ -146,7 +133,7 @@ def _merge(
     if missing.size:
         raise DsparkError(f"cache build lost {missing.size} samples (first: {missing[0]})")
     index_bytes = index.tobytes()
-    write_atomic(root / INDEX, index_bytes)
+    _write_atomic(root / INDEX, index_bytes)
     manifest = header | {
         "index": {
             "file": INDEX,
@@ -155,7 +142,7 @@ def _merge(
         },
         "shards": shards,
     }
-    write_atomic(root / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
+    _write_atomic(root / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
     return manifest
 
 

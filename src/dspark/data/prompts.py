@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dspark.data.records import parse_record
 from dspark.errors import DsparkError
 from dspark.presets.tiny import PROMPT_DOMAINS, SHIPPED_BENCHMARKS, builtin_prompts, shipped_benchmark
 
@@ -136,15 +137,7 @@ def _load_jsonl(path: Path, on_bad_line: str, limit: int | None = None) -> list[
             if not raw.strip():
                 continue
             try:
-                try:
-                    record = json.loads(raw.decode("utf-8"))
-                except UnicodeDecodeError as e:
-                    raise DsparkError(f"{path}:{n}: not UTF-8 text (byte {e.start})") from None
-                except json.JSONDecodeError as e:
-                    raise DsparkError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-                if not isinstance(record, dict):
-                    raise DsparkError(f"{path}:{n}: expected a JSON object, got {type(record).__name__}")
-                prompts.append(_from_record(record, f"{path}:{n}", path.stem))
+                prompts.append(_from_record(parse_record(raw, f"{path}:{n}"), f"{path}:{n}", path.stem))
             except DsparkError as e:
                 if on_bad_line == "stop":
                     raise

@@ -2,7 +2,7 @@
 
 Each record is one line written by a single ``write(2)`` on a file opened with
 ``O_APPEND``, so concurrent writers never interleave and a killed process leaves at
-worst one incomplete last line. :func:`read_records` drops (and truncates away) such a
+worst one incomplete last line. :func:`read_jsonl` with ``log=True`` drops (and truncates away) such a
 line, so a restarted run appends after the last complete record: no duplicate, no loss.
 One run at a time writes a log: :class:`WriterLock` (an advisory ``flock`` on a lock file
 beside it, released by the kernel even when the holder is killed) makes a second refuse.
@@ -20,34 +20,70 @@ from typing import Any
 
 from dspark.errors import DsparkError
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
-def read_records(path: str | Path, *, repair: bool = True) -> list[dict[str, Any]]:
-    """The complete records of a JSONL log; ``[]`` if it does not exist.
+class DataError(DsparkError):
+    """A training record or the tokenizer cannot produce a training sample."""
 
-    An unterminated last line is what a kill mid-write leaves; with ``repair`` the file
-    is truncated to its last complete line so that appends continue cleanly. A broken
-    line anywhere else is a real corruption and raises.
+
+def parse_record(raw: bytes, where: str) -> dict[str, Any]:
+    """One JSONL line as a JSON object; ``where`` (``path:line``) starts the error message."""
+    record, problem = _decode(raw)
+    if problem is not None:
+        raise DataError(f"{where}: {problem}")
+    return record
+
+
+def _decode(raw: bytes) -> tuple[Any, str | None]:
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        return None, f"not UTF-8 text (byte {e.start})"
+    except json.JSONDecodeError as e:
+        return None, f"not valid JSON ({e.msg})"
+    if not isinstance(record, dict):
+        return None, f"expected a JSON object, got {type(record).__name__}"
+    return record, None
+
+
+def read_jsonl(path: str | Path, *, log: bool = False, repair: bool = True) -> list[dict[str, Any]]:
+    """The records of a JSONL file, one JSON object per line, blank lines skipped.
+
+    The one difference between the two kinds of file is ``log``:
+
+    - ``log=False``, data a user gives (training records): the file must exist, and every
+      line must be a JSON object, the last one with or without its newline.
+    - ``log=True``, an append-only log of :class:`JsonlAppender`: a missing file is ``[]``
+      (nothing written yet) and an unterminated last line is what a kill mid-write leaves:
+      it is dropped and, with ``repair``, truncated away so that appends continue cleanly.
+      A broken line anywhere else is a real corruption and raises.
     """
     path = Path(path)
-    if not path.exists():
+    if log and not path.exists():
         return []
+    if not path.is_file():
+        raise DataError(f"no training data at {path}")
     data = path.read_bytes()
-    end = data.rfind(b"\n") + 1  # bytes up to and including the last newline
-    if end < len(data):
-        log.warning("%s: dropping an incomplete last line (%d bytes)", path, len(data) - end)
-        if repair:
-            with open(path, "r+b") as f:
-                f.truncate(end)
+    end = len(data)
+    if log:
+        end = data.rfind(b"\n") + 1  # bytes up to and including the last newline
+        if end < len(data):
+            logger.warning("%s: dropping an incomplete last line (%d bytes)", path, len(data) - end)
+            if repair:
+                with open(path, "r+b") as f:
+                    f.truncate(end)
     records = []
-    for n, line in enumerate(data[:end].splitlines(), start=1):
+    for n, line in enumerate(data[:end].split(b"\n"), start=1):
         if not line.strip():
             continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            raise DsparkError(f"{path}:{n}: corrupt record ({e.msg}); fix or remove that line") from None
+        if not log:
+            records.append(parse_record(line, f"{path}:{n}"))
+            continue
+        record, problem = _decode(line)
+        if problem is not None:
+            raise DataError(f"{path}:{n}: corrupt record ({problem}); fix or remove that line")
+        records.append(record)
     return records
 
 

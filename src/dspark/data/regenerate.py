@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 
 from dspark.data.chat import Messages, chat_prompt_ids
 from dspark.data.prompts import Prompt, dedup_prompts
-from dspark.data.records import JsonlAppender, WriterLock, read_records
+from dspark.data.records import JsonlAppender, WriterLock, read_jsonl
 from dspark.engine.engine import Engine, EngineConfig
 from dspark.engine.worker import EngineDeadError, EngineWorker
 from dspark.errors import DsparkError
@@ -274,8 +274,9 @@ async def _regenerate_locked(
     params: SamplingParams,
     config: RegenerateConfig,
 ) -> RegenerateSummary:
-    done_ids = {r.get("id") for r in read_records(out_path)}
-    permanent = {e.get("id") for e in read_records(errors_path) if not e.get("retryable", True)} - done_ids
+    done_ids = {r.get("id") for r in read_jsonl(out_path, log=True)}
+    errors = read_jsonl(errors_path, log=True)
+    permanent = {e.get("id") for e in errors if not e.get("retryable", True)} - done_ids
     todo = [p for p in prompts if p.key not in done_ids and p.key not in permanent]
     resumed = sum(p.key in done_ids for p in prompts)
     skipped = sum(p.key in permanent for p in prompts)

@@ -21,18 +21,16 @@ consumed) is all a checkpoint needs to resume the exact order.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from dspark.errors import DsparkError
+from dspark.data.records import DataError
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +41,6 @@ _SHAREGPT_ROLES = {
     "assistant": "assistant",
     "system": "system",
 }
-
-
-class DataError(DsparkError):
-    """A training record or the tokenizer cannot produce a training sample."""
 
 
 @dataclass(frozen=True)
@@ -67,28 +61,6 @@ class TokenBatch:
 
 
 # -- records ------------------------------------------------------------------------------
-
-
-def read_jsonl(path: str | Path) -> list[dict]:
-    """The records of a JSONL file (blank lines skipped)."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"no training data at {path}")
-    records = []
-    with open(path, "rb") as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line.decode("utf-8"))
-            except UnicodeDecodeError as e:
-                raise DataError(f"{path}:{n}: not UTF-8 text (byte {e.start})") from None
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-            if not isinstance(record, dict):
-                raise DataError(f"{path}:{n}: expected a JSON object, got {type(record).__name__}")
-            records.append(record)
-    return records
 
 
 def conversation_of(record: Mapping[str, Any], where: str = "record") -> list[dict[str, str]]:

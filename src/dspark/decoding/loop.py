@@ -7,6 +7,11 @@ product path (``generate``, ``serve``, ``eval``, ``calibrate``, ``train``'s onli
 regeneration) decodes through the batched engine (SPEC §10), the one step loop; the
 loop here remains the "loop" baseline column of ``bench decode`` and the plain decoding
 of ``bench target``.
+
+Rounds are counted as the engine counts them: the prompt but its last token is
+prefilled, the first round's anchor is the last prompt token (so the first round may
+already draft), and every verification is one :class:`~dspark.protocols.RoundLog`,
+drafted or not (``tests/unit/decoding/test_loop_rounds.py`` compares the two).
 """
 
 from __future__ import annotations
@@ -96,18 +101,19 @@ def _prefill(
     prompt_ids: list[int],
     params: SamplingParams,
     generator: torch.Generator | None,
-) -> tuple[_Request, int]:
-    """Run the prompt through the target and sample the first token (a round with no drafts)."""
+) -> _Request:
+    """Cache every prompt token but the last, which is the first round's anchor.
+
+    As in the engine, the first token comes from the first round, which may already
+    draft after the prompt: the rounds of the loop and of the engine line up one to one.
+    """
     cache = target.new_cache()
     greedy = torch.tensor([params.greedy])
-    req = _Request(SequenceState(0, list(prompt_ids[:-1]), len(prompt_ids)), params, generator, cache, greedy)
+    req = _Request(SequenceState(0, list(prompt_ids), len(prompt_ids)), params, generator, cache, greedy)
     if len(prompt_ids) > 1:
         out = _features_of(target, drafter, torch.tensor([prompt_ids[:-1]], device=target.device), cache)
         req.state.features = None if out.features is None else out.features[0]
-    # The last prompt token plays the anchor of an empty round: one forward emits token 1.
-    req.state.token_ids.append(prompt_ids[-1])
-    emitted, _, _ = _round(target, drafter, req, DraftBlock.empty(1, target.vocab_size))
-    return req, emitted[0]
+    return req
 
 
 def speculative_generate(
@@ -139,7 +145,7 @@ def speculative_generate(
     started = time.perf_counter()
     generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
     max_new = min(params.max_tokens, target.max_context - len(prompt_ids))
-    req, first = _prefill(target, drafter, prompt_ids, params, generator)
+    req = _prefill(target, drafter, prompt_ids, params, generator)
     generated: list[int] = []
     rounds: list[RoundLog] = []
 
@@ -152,8 +158,8 @@ def speculative_generate(
             on_tokens(cut.tokens)
         return cut
 
-    cut = commit([first], 0, 0)
-    while cut.finish_reason is None:
+    cut = None
+    while cut is None or cut.finish_reason is None:
         # A round emits at most K+1 tokens; never draft past the budget.
         max_len = min(block_size, max_new - len(generated) - 1)
         block = (
@@ -176,6 +182,6 @@ def speculative_generate(
         token_ids=generated,
         text=text,
         finish_reason=cut.finish_reason,
-        rounds=rounds[1:],
+        rounds=rounds,
         seconds=time.perf_counter() - started,
     )

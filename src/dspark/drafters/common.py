@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 from transformers.activations import ACT2FN
 
-from dspark.drafters.attention import PackedBlockMask, apply_rope, attend, attend_packed_blocks
+from dspark.drafters.attention import PackedBlockMask, apply_rope, attend, attend_packed_blocks, rope_cos_sin
 from dspark.drafters.mask import resolve_mask_id
 from dspark.protocols import SlotFactors
 from dspark.targets.families import layer_shape
@@ -326,6 +326,11 @@ def scaled_embedding(embed_tokens: nn.Embedding, ids: Tensor, dims: DecoderDims)
     """Token embeddings ``[...] → [..., H]``, scaled like the target's (Gemma's √H)."""
     e = embed_tokens(ids)
     return e * dims.embed_scale if dims.embed_scale != 1.0 else e
+
+
+def draft_rope(dims: DecoderDims, positions: Tensor) -> tuple[Tensor, Tensor]:
+    """The draft layers' RoPE ``cos, sin [..., hd]`` at ``positions [...]``."""
+    return rope_cos_sin(positions, dims.head_dim, dims.rope_theta)
 
 
 def drafter_dims(target, config) -> DecoderDims:

@@ -6,8 +6,9 @@ predicts the token at ``anchor_pos + j + 1`` (γ inputs → γ logits, the DSpar
 convention). Slots attend to each other bidirectionally and to the injected context:
 the fused target features ``H_ctx`` of every token strictly before the anchor.
 
-:class:`DFlashBackbone` is the network (shared with DSpark, which adds heads on top);
-:class:`DFlashDrafter` is the drafter: one forward, every slot sampled independently.
+:class:`DFlashBackbone` is the network; :class:`DFlashDrafter` holds one and samples every
+slot independently, :class:`~dspark.drafters.dspark.DSparkDrafter` holds one and adds heads
+(:func:`hold_backbone`: the backbone's weights keep their names, ``fc.weight`` etc.).
 
 Inference keeps, per request, the context keys/values of every draft layer in
 ``state.drafter_cache`` (:class:`~dspark.drafters.request_state.DrafterCache`). They depend
@@ -22,13 +23,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from dspark.drafters.attention import PackedBlockMask, rope_cos_sin
+from dspark.drafters.attention import PackedBlockMask
 from dspark.drafters.blocks import PackedBlocks, batch_layout, pack_blocks
 from dspark.drafters.common import (
     DecoderDims,
     DraftDecoderLayer,
     RMSNorm,
     build_from_target,
+    draft_rope,
     fuse_features,
     init_weights,
     lm_logits,
@@ -36,13 +38,13 @@ from dspark.drafters.common import (
     slot_factors,
 )
 from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, dflash_objective
+from dspark.drafters.parts import hold
 from dspark.drafters.request_state import (
-    DrafterCache,
     assert_states,
     batch_context,
     padded_context_mask,
-    request_cache,
     sample_tokens,
+    sync_requests,
 )
 from dspark.protocols import DraftBlock, SamplingParams, SequenceState, SlotFactors, TrainBatch, TrainOutput
 from dspark.sampling.probs import batch_probs
@@ -120,9 +122,6 @@ class DFlashBackbone(nn.Module):
         """LM-head logits ``[..., V]`` fp32 of final-normed hidden states ``[..., H]``."""
         return lm_logits(self.lm_head, h, self.dims.logit_softcap)
 
-    def _rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        return rope_cos_sin(positions, self.dims.head_dim, self.dims.rope_theta)  # [B, T, hd] x 2
-
     def _block_inputs(self, anchor_ids: Tensor) -> Tensor:
         """Block token ids ``[..., K]``: the anchor in slot 0, the mask token after it."""
         ids = torch.full((*anchor_ids.shape, self.block_size), self.mask_token_id, device=anchor_ids.device)
@@ -151,10 +150,10 @@ class DFlashBackbone(nn.Module):
         H = self.dims.hidden_size
         feats = batch.features[blocks.ctx_rows, blocks.ctx_positions]  # [C, L, H]
         h_ctx = self.context_features(feats).unsqueeze(0)  # [1, C, H]
-        cos_c, sin_c = self._rope(blocks.ctx_positions.unsqueeze(0))  # [1, C, hd]
+        cos_c, sin_c = draft_rope(self.dims, blocks.ctx_positions.unsqueeze(0))  # [1, C, hd]
         anchor_ids = batch.input_ids[blocks.rows, blocks.anchors]  # [N]
         h = self.block_embeddings(anchor_ids).view(1, N * K, H).to(h_ctx.dtype)  # [1, N*K, H]
-        cos_q, sin_q = self._rope(blocks.positions.view(1, N * K))  # [1, N*K, hd]
+        cos_q, sin_q = draft_rope(self.dims, blocks.positions.view(1, N * K))  # [1, N*K, hd]
         mask = PackedBlockMask(blocks.context_mask().unsqueeze(0), K, blocks.row_spans())  # [1, N, C]
         for layer in self.layers:
             ctx_k, ctx_v = layer.context_kv(h_ctx, cos_c, sin_c)  # [1, nkv, C, hd]
@@ -182,9 +181,6 @@ class DFlashBackbone(nn.Module):
 
     # -- inference ---------------------------------------------------------------------------
 
-    def _cache(self, state: SequenceState, params: SamplingParams) -> DrafterCache:
-        return request_cache(state, params, len(self.layers), self.dims, like=self.fc.weight)
-
     @torch.no_grad()
     def sync_context(self, state: SequenceState) -> None:
         """Append to the context cache the features of committed tokens it lacks.
@@ -199,7 +195,8 @@ class DFlashBackbone(nn.Module):
             return
         feats = state.features[start:end].to(self.fc.weight.device)  # [n, L, H]
         h_ctx = self.context_features(feats).unsqueeze(0)  # [1, n, H]
-        cos, sin = self._rope(torch.arange(start, end, device=h_ctx.device).unsqueeze(0))  # [1, n, hd]
+        positions = torch.arange(start, end, device=h_ctx.device).unsqueeze(0)  # [1, n]
+        cos, sin = draft_rope(self.dims, positions)  # [1, n, hd]
         kv = torch.stack([torch.stack(layer.context_kv(h_ctx, cos, sin)) for layer in self.layers])
         context.append(kv.squeeze(2))  # [n_layers, 2, nkv, n, hd]
 
@@ -211,7 +208,7 @@ class DFlashBackbone(nn.Module):
         anchors = torch.tensor([s.token_ids[-1] for s in states], device=device)  # [R]
         anchor_pos = torch.tensor([len(s.token_ids) - 1 for s in states], device=device)  # [R]
         positions = anchor_pos.unsqueeze(-1) + torch.arange(self.block_size, device=device)  # [R, K]
-        cos, sin = self._rope(positions)  # [R, K, hd]
+        cos, sin = draft_rope(self.dims, positions)  # [R, K, hd]
         mask = padded_context_mask(lengths, kv.shape[4], self.block_size, self.block_size)
         h = self.block_embeddings(anchors).to(kv.dtype)  # [R, K, H]
         for i, layer in enumerate(self.layers):
@@ -222,10 +219,7 @@ class DFlashBackbone(nn.Module):
         self, states: list[SequenceState], sampling: list[SamplingParams]
     ) -> list[torch.Generator | None]:
         """Create missing caches, absorb new features; returns the per-request generators."""
-        for state, params in zip(states, sampling):
-            self._cache(state, params)
-            self.sync_context(state)
-        return [s.drafter_cache.generator for s in states]
+        return sync_requests(self, states, sampling)
 
     def update(self, state: SequenceState, num_accepted: int, new_features: Tensor | None) -> None:
         """Absorb a verified round: extend the context cache from ``state.features``.
@@ -237,18 +231,34 @@ class DFlashBackbone(nn.Module):
             self.sync_context(state)
 
 
-class DFlashDrafter(DFlashBackbone):
+def hold_backbone(owner: nn.Module, config, dims: DecoderDims) -> DFlashBackbone:
+    """Build the backbone ``config`` describes and hold it as ``owner.backbone`` (:func:`hold`).
+
+    ``owner`` gets the backbone's facts of the drafter protocol: ``dims``, ``block_size``,
+    ``target_layer_ids`` and ``mask_token_id``.
+    """
+    backbone = DFlashBackbone(
+        dims,
+        num_layers=config.num_layers,
+        block_size=config.block_size,
+        target_layer_ids=config.target_layer_ids,
+        mask_token_id=config.mask_token_id,
+        mask_embedding=config.mask_embedding,
+    )
+    hold(owner, "backbone", backbone)
+    owner.dims = backbone.dims
+    owner.block_size = backbone.block_size
+    owner.target_layer_ids = backbone.target_layer_ids
+    owner.mask_token_id = backbone.mask_token_id
+    return backbone
+
+
+class DFlashDrafter(nn.Module):
     """The DFlash drafter: every slot of the block sampled independently from its logits."""
 
     def __init__(self, config: DFlashConfig, dims: DecoderDims) -> None:
-        super().__init__(
-            dims,
-            num_layers=config.num_layers,
-            block_size=config.block_size,
-            target_layer_ids=config.target_layer_ids,
-            mask_token_id=config.mask_token_id,
-            mask_embedding=config.mask_embedding,
-        )
+        super().__init__()
+        hold_backbone(self, config, dims)
         self.config = config
 
     @classmethod
@@ -259,15 +269,19 @@ class DFlashDrafter(DFlashBackbone):
     def forward_train(self, batch: TrainBatch) -> TrainOutput:
         """Every real block's slots ``[1, N, K]``, teacher-forced context, logits as factors (SPEC §6)."""
         blocks = pack_blocks(batch_layout(batch, self.block_size), batch.input_ids.shape[1])
-        h = self.block_hidden_train(batch, blocks).unsqueeze(0)  # [1, N, K, H]
+        h = self.backbone.block_hidden_train(batch, blocks).unsqueeze(0)  # [1, N, K, H]
         return TrainOutput(
             labels=blocks.labels.unsqueeze(0),
             valid=blocks.valid.unsqueeze(0),
-            factors=self.slot_factors(h, batch, blocks),
+            factors=self.backbone.slot_factors(h, batch, blocks),
         )
 
     def loss(self, out: TrainOutput) -> LossOutput:
         return compute_loss(out, self.config.objective)
+
+    def update(self, state: SequenceState, num_accepted: int, new_features: Tensor | None) -> None:
+        """Absorb a verified round (:meth:`DFlashBackbone.update`)."""
+        self.backbone.update(state, num_accepted, new_features)
 
     @torch.no_grad()
     def propose(
@@ -278,8 +292,9 @@ class DFlashDrafter(DFlashBackbone):
         K = min(max_len, self.block_size)
         if K == 0 or not states:
             return DraftBlock.empty(len(states), self.dims.vocab_size)
-        generators = self.prepare(states, sampling)
-        logits = self.logits(self.block_hidden_infer(states)[:, :K])  # [R, K, V]
+        backbone = self.backbone
+        generators = backbone.prepare(states, sampling)
+        logits = backbone.logits(backbone.block_hidden_infer(states)[:, :K])  # [R, K, V]
         probs = batch_probs(logits, sampling)  # [R, K, V]
         tokens = sample_tokens(probs, sampling, generators)  # [R, K]
         lengths = torch.full((len(states),), K, dtype=torch.long, device=tokens.device)

@@ -1,4 +1,4 @@
-"""DSpark: the DFlash backbone + a sequential head + a confidence head (SPEC §5.3; paper §3).
+"""DSpark: a DFlash backbone + a sequential head + a confidence head (SPEC §5.3; paper §3).
 
 Block distribution (paper Eq. 4): ``p_k(v | x_0, x_<k) = softmax(U_k + B_k(x_0, x_<k, ·))``
 where ``U_k`` are the backbone's base logits of slot k and ``B_k`` the sequential head's
@@ -18,11 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from dspark.drafters.blocks import batch_layout, pack_blocks
 from dspark.drafters.common import DecoderDims, build_from_target
-from dspark.drafters.dflash import DFlashBackbone
+from dspark.drafters.dflash import DFlashBackbone, hold_backbone
 from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, dspark_objective
 from dspark.drafters.request_state import assert_states, sample_tokens
 from dspark.heads import MARKOV_HEAD_TYPES, ConfidenceHead, build_sequential_head, scale_confidence_logits
@@ -66,18 +66,18 @@ class DSparkConfig:
             raise ValueError(f"sts_temperatures must be > 0, got {self.sts_temperatures}")
 
 
-class DSparkDrafter(DFlashBackbone):
-    """Semi-autoregressive drafter: parallel backbone, sequential sampling loop, confidences."""
+class DSparkDrafter(nn.Module):
+    """Semi-autoregressive drafter: parallel backbone, sequential sampling loop, confidences.
+
+    It holds a :class:`~dspark.drafters.dflash.DFlashBackbone` (``self.backbone``) whose
+    weights keep their own names beside the heads' (``fc.weight``, ``markov_head.*``).
+    """
+
+    backbone: DFlashBackbone
 
     def __init__(self, config: DSparkConfig, dims: DecoderDims) -> None:
-        super().__init__(
-            dims,
-            num_layers=config.num_layers,
-            block_size=config.block_size,
-            target_layer_ids=config.target_layer_ids,
-            mask_token_id=config.mask_token_id,
-            mask_embedding=config.mask_embedding,
-        )
+        super().__init__()
+        hold_backbone(self, config, dims)
         self.config = config
         r = config.markov_rank
         self.markov_head = None
@@ -105,10 +105,10 @@ class DSparkDrafter(DFlashBackbone):
     def forward_train(self, batch: TrainBatch) -> TrainOutput:
         """Markov-corrected logits and confidences of every real block ``[1, N, K, ...]``, teacher-forced.
 
-        SPEC §5.3, §6; the blocks are packed as in :meth:`DFlashBackbone.block_hidden_train`.
+        SPEC §5.3, §6; the blocks are packed by :meth:`DFlashBackbone.block_hidden_train`.
         """
         blocks = pack_blocks(batch_layout(batch, self.block_size), batch.input_ids.shape[1])
-        h = self.block_hidden_train(batch, blocks).unsqueeze(0)  # [1, N, K, H]
+        h = self.backbone.block_hidden_train(batch, blocks).unsqueeze(0)  # [1, N, K, H]
         # Slot k sits at position a + k, whose ground-truth token is x_{k-1} (slot 0: the anchor);
         # slots past the end are invalid, any index will do.
         at = blocks.positions.clamp_max(batch.input_ids.shape[1] - 1)  # [N, K]
@@ -125,13 +125,17 @@ class DSparkDrafter(DFlashBackbone):
             labels=blocks.labels.unsqueeze(0),
             valid=blocks.valid.unsqueeze(0),
             confidences=confidences,
-            factors=self.slot_factors(h, batch, blocks, low_rank),
+            factors=self.backbone.slot_factors(h, batch, blocks, low_rank),
         )
 
     def loss(self, out: TrainOutput) -> LossOutput:
         return compute_loss(out, self.config.objective)
 
     # -- inference ---------------------------------------------------------------------------
+
+    def update(self, state: SequenceState, num_accepted: int, new_features: Tensor | None) -> None:
+        """Absorb a verified round (:meth:`DFlashBackbone.update`)."""
+        self.backbone.update(state, num_accepted, new_features)
 
     @torch.no_grad()
     def propose(
@@ -143,34 +147,69 @@ class DSparkDrafter(DFlashBackbone):
         R = len(states)
         if K == 0 or R == 0:
             return DraftBlock.empty(R, self.dims.vocab_size)
-        generators = self.prepare(states, sampling)
-        h = self.block_hidden_infer(states)[:, :K]  # [R, K, H]
-        base = self.logits(h)  # [R, K, V]
-        prev = torch.tensor([s.token_ids[-1] for s in states], device=h.device)  # [R]: x_0 = anchor
-        head_state = self.markov_head.initial_state(R, h) if self.markov_head is not None else None
-        tokens, probs, conf_logits = [], [], []
+        backbone = self.backbone
+        generators = backbone.prepare(states, sampling)
+        h = backbone.block_hidden_infer(states)[:, :K]  # [R, K, H]
+        base = backbone.logits(h)  # [R, K, V] fp32
+        anchors = torch.tensor([s.token_ids[-1] for s in states], device=h.device)  # [R]: x_0
+        if all(p.greedy for p in sampling):
+            tokens, markov_embs = self._greedy_loop(h, base, anchors)
+            probs = greedy_probs(base, tokens)
+        else:
+            tokens, markov_embs, probs = self._sampled_loop(h, base, anchors, sampling, generators)
+        return DraftBlock(
+            tokens=tokens,  # [R, K]
+            lengths=torch.full((R,), K, dtype=torch.long, device=h.device),
+            probs=probs,  # [R, K, V]
+            confidences=self._block_confidences(h, markov_embs),
+        )
+
+    def _greedy_loop(self, h: Tensor, base: Tensor, prev: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Greedy drafts ``[R, K]`` and Markov embeddings ``[R, K, r]`` (None without a head).
+
+        Greedy ``p_k`` is one-hot at ``argmax(U_k + B_k)`` (sampling/probs.py), so the loop
+        keeps only the argmax: no softmax, no [V] probability rows, no host syncs per step.
+        """
+        K = h.shape[1]
+        if self.markov_head is None:
+            return base.argmax(dim=-1), None
+        tokens, embs = [], []
+        state = self.markov_head.initial_state(h.shape[0], h)
+        for k in range(K):
+            bias, emb, state = self.markov_head.step(prev, h[:, k], state)  # [R, V], [R, r]
+            prev = (base[:, k] + bias.float()).argmax(dim=-1)  # [R]: Eq. 4, greedy
+            tokens.append(prev)
+            embs.append(emb)
+        return torch.stack(tokens, dim=-1), torch.stack(embs, dim=1)
+
+    def _sampled_loop(
+        self, h: Tensor, base: Tensor, prev: Tensor, sampling: list[SamplingParams], generators
+    ) -> tuple[Tensor, Tensor | None, Tensor]:
+        """Drafts ``[R, K]``, Markov embeddings ``[R, K, r]`` and ``p_d [R, K, V]``, one draw a step."""
+        K = h.shape[1]
+        state = self.markov_head.initial_state(h.shape[0], h) if self.markov_head is not None else None
+        tokens, embs, probs = [], [], []
         for k in range(K):
             logits_k = base[:, k]  # [R, V]
-            markov_emb = None
             if self.markov_head is not None:
-                bias, markov_emb, head_state = self.markov_head.step(prev, h[:, k], head_state)
+                bias, emb, state = self.markov_head.step(prev, h[:, k], state)
                 logits_k = logits_k + bias.float()  # Eq. 4: U_k + B_k
+                embs.append(emb)
             p_k = batch_probs(logits_k.unsqueeze(1), sampling).squeeze(1)  # [R, V]
-            x_k = sample_tokens(p_k, sampling, generators)  # [R]
-            if self.confidence_head is not None:
-                conf_logits.append(self._confidence_logits(h[:, k], markov_emb))  # [R]
-            tokens.append(x_k)
+            prev = sample_tokens(p_k, sampling, generators)  # [R]
+            tokens.append(prev)
             probs.append(p_k)
-            prev = x_k
-        confidences = None
-        if conf_logits:
-            scaled = scale_confidence_logits(
-                torch.stack(conf_logits, dim=-1).float(), self.config.sts_temperatures
-            )
-            confidences = torch.sigmoid(scaled)  # [R, K]
-        return DraftBlock(
-            tokens=torch.stack(tokens, dim=-1),  # [R, K]
-            lengths=torch.full((R,), K, dtype=torch.long, device=h.device),
-            probs=torch.stack(probs, dim=1),  # [R, K, V]
-            confidences=confidences,
-        )
+        markov_embs = torch.stack(embs, dim=1) if embs else None
+        return torch.stack(tokens, dim=-1), markov_embs, torch.stack(probs, dim=1)
+
+    def _block_confidences(self, h: Tensor, markov_embs: Tensor | None) -> Tensor | None:
+        """``c_k`` of every slot at once (Eq. 7, STS-scaled): ``[R, K]``, None without a head."""
+        if self.confidence_head is None:
+            return None
+        logits = self._confidence_logits(h, markov_embs)  # [R, K]
+        return torch.sigmoid(scale_confidence_logits(logits.float(), self.config.sts_temperatures))
+
+
+def greedy_probs(base: Tensor, tokens: Tensor) -> Tensor:
+    """The greedy ``p_d``: one-hot rows ``[R, K, V]`` (fp32) at ``tokens [R, K]``."""
+    return torch.zeros_like(base, dtype=torch.float32).scatter_(-1, tokens.unsqueeze(-1), 1.0)

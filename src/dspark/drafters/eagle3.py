@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from dspark.drafters.attention import PackedBlockMask, rope_cos_sin
+from dspark.drafters.attention import PackedBlockMask
 from dspark.drafters.blocks import batch_layout, pack_blocks
 from dspark.drafters.common import (
     DecoderDims,
@@ -33,6 +33,7 @@ from dspark.drafters.common import (
     RMSNorm,
     SwiGLU,
     build_from_target,
+    draft_rope,
     fuse_features,
     init_weights,
     lm_logits,
@@ -41,12 +42,11 @@ from dspark.drafters.common import (
 )
 from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, eagle3_objective
 from dspark.drafters.request_state import (
-    DrafterCache,
     assert_states,
     batch_context,
     padded_context_mask,
-    request_cache,
     sample_tokens,
+    sync_requests,
 )
 from dspark.protocols import DraftBlock, SamplingParams, SequenceState, TrainBatch, TrainOutput
 from dspark.sampling.probs import batch_probs
@@ -134,9 +134,6 @@ class Eagle3Drafter(nn.Module):
         """``lm_head(norm(h))`` fp32: ``[..., H] → [..., V]``."""
         return lm_logits(self.lm_head, self.norm(h), self.dims.logit_softcap)
 
-    def _rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        return rope_cos_sin(positions, self.dims.head_dim, self.dims.rope_theta)
-
     # -- training ----------------------------------------------------------------------------
 
     def forward_train(self, batch: TrainBatch) -> TrainOutput:
@@ -152,7 +149,7 @@ class Eagle3Drafter(nn.Module):
         e_rows, e_pos = blocks.ctx_rows, blocks.ctx_positions  # [C]: entry t of row r
         g_ctx = fuse_features(self.fc, batch.features[e_rows, e_pos])  # [C, H]: g_t
         x_ctx = self.layer.entry_input(self.embed(ids[e_rows, e_pos + 1]).to(g_ctx.dtype), g_ctx)  # [C, 2H]
-        cos_c, sin_c = self._rope((e_pos + 1).unsqueeze(0))  # [1, C, hd]
+        cos_c, sin_c = draft_rope(self.dims, (e_pos + 1).unsqueeze(0))  # [1, C, hd]
         ctx_k, ctx_v = self.layer.self_attn.project_kv(x_ctx.unsqueeze(0), cos_c, sin_c)  # [1, nkv, C, hd]
 
         root = anchors.clamp_min(1)  # [N]; a chain needs g_{a-1}, so anchor 0 is unusable
@@ -163,7 +160,7 @@ class Eagle3Drafter(nn.Module):
         outputs = []
         for k in range(self.block_size):
             tok = ids[rows, (root + k).clamp_max(T - 1)].unsqueeze(0)  # [1, N]: x_{a+k}, teacher-forced
-            cos, sin = self._rope((root + k).unsqueeze(0))  # [1, N, hd]
+            cos, sin = draft_rope(self.dims, (root + k).unsqueeze(0))  # [1, N, hd]
             # Step 0 is the anchor's own first-pass entry: it sees the entries before it
             # (t < a-1) and itself; later steps see the context up to the anchor (t < a),
             # the earlier steps of their own chain and themselves.
@@ -192,9 +189,6 @@ class Eagle3Drafter(nn.Module):
 
     # -- inference ---------------------------------------------------------------------------
 
-    def _cache(self, state: SequenceState, params: SamplingParams) -> DrafterCache:
-        return request_cache(state, params, len(self.layers), self.dims, like=self.fc.weight)
-
     @torch.no_grad()
     def sync_context(self, state: SequenceState) -> None:
         """Cache the first-pass entries of positions 1..a-1 (everything before the anchor a)."""
@@ -205,7 +199,7 @@ class Eagle3Drafter(nn.Module):
         w = self.fc.weight
         ids = torch.tensor(state.token_ids[start:end], device=w.device).unsqueeze(0)  # [1, n]
         g = fuse_features(self.fc, state.features[start - 1 : end - 1].to(w.device)).unsqueeze(0)  # [1, n, H]
-        cos, sin = self._rope(torch.arange(start, end, device=w.device).unsqueeze(0))  # [1, n, hd]
+        cos, sin = draft_rope(self.dims, torch.arange(start, end, device=w.device).unsqueeze(0))  # [1, n, hd]
         k, v = self.layer.self_attn.project_kv(
             self.layer.entry_input(self.embed(ids).to(g.dtype), g), cos, sin
         )
@@ -228,10 +222,7 @@ class Eagle3Drafter(nn.Module):
             return DraftBlock.empty(R, self.dims.vocab_size)
         if min(len(s.token_ids) for s in states) < 2:
             raise ValueError("Eagle3 needs one committed token before the anchor")
-        for state, params in zip(states, sampling):
-            self._cache(state, params)
-            self.sync_context(state)
-        generators = [s.drafter_cache.generator for s in states]
+        generators = sync_requests(self, states, sampling)
         kv, lengths = batch_context([s.drafter_cache.context for s in states])  # [1, 2, R, nkv, C, hd]
         device = kv.device
         anchor_pos = torch.tensor([len(s.token_ids) - 1 for s in states], device=device)  # [R]
@@ -241,7 +232,7 @@ class Eagle3Drafter(nn.Module):
         keys, values = [kv[0, 0]], [kv[0, 1]]
         tokens, probs = [], []
         for k in range(K):
-            cos, sin = self._rope((anchor_pos + k).unsqueeze(-1))  # [R, 1, hd]
+            cos, sin = draft_rope(self.dims, (anchor_pos + k).unsqueeze(-1))  # [R, 1, hd]
             mask = padded_context_mask(lengths, kv.shape[4], 1, k + 1)  # own chain + itself
             h, k_new, v_new = self.layer(
                 self.embed(tok).unsqueeze(1).to(h.dtype),

@@ -1,19 +1,27 @@
 """The registry's table of trainable drafter methods (SPEC §5): config class, module
 class, checkpoint architecture and the config.json fields of each. Nothing outside
 this table and :mod:`dspark.drafters.registry` branches on a method name.
+
+A trainable drafter is one file under ``drafters/`` plus one row of :data:`KINDS`. The
+table names each drafter's module instead of importing it, so it costs no torch import:
+``--help`` and argument checks list the methods straight from it
+(:data:`dspark.drafters.registry.TRAINABLE`).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dspark.drafters.dflash import DFlashConfig, DFlashDrafter
-from dspark.drafters.dspark import DSparkConfig, DSparkDrafter
-from dspark.drafters.eagle3 import Eagle3Config, Eagle3Drafter
 from dspark.errors import DsparkError
+
+if TYPE_CHECKING:
+    from dspark.drafters.dflash import DFlashConfig
+    from dspark.drafters.dspark import DSparkConfig
+    from dspark.drafters.eagle3 import Eagle3Config
 
 DSPARK_ARCHITECTURES = ("Qwen3DSparkModel", "Gemma4DSparkModel", "LlamaDSparkModel")
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
@@ -22,12 +30,25 @@ EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 @dataclass(frozen=True)
 class DrafterKind:
     name: str
-    config_cls: type
-    drafter_cls: type
+    module: str  # the drafter's file, e.g. "dspark.drafters.dspark"
+    config_name: str  # its frozen config dataclass, in ``module``
+    drafter_name: str  # its nn.Module, in ``module``
     architecture: str
-    uses_mask_token: bool
+    uses_mask_token: bool  # a block drafter: slots after the anchor take the mask input
     config_fields: Callable[..., dict[str, Any]]  # (config, num_target_layers=) -> config.json fields
-    config_from_fields: Callable[[dict[str, Any]], Any]  # config.json -> config
+    config_kwargs: Callable[[dict[str, Any]], dict[str, Any]]  # config.json -> config fields
+
+    @property
+    def config_cls(self) -> type:
+        return getattr(importlib.import_module(self.module), self.config_name)
+
+    @property
+    def drafter_cls(self) -> type:
+        return getattr(importlib.import_module(self.module), self.drafter_name)
+
+    def config_from_fields(self, raw: dict[str, Any]) -> Any:
+        """The config a folder's ``config.json`` describes."""
+        return self.config_cls(**self.config_kwargs(raw))
 
 
 def _block_fields(
@@ -82,9 +103,9 @@ def _eagle3_fields(config: Eagle3Config, *, num_target_layers: int) -> dict[str,
     }
 
 
-def _dspark_config(raw: dict[str, Any]) -> DSparkConfig:
+def _dspark_config(raw: dict[str, Any]) -> dict[str, Any]:
     sts = raw.get("sts_temperatures")
-    return DSparkConfig(
+    return dict(
         num_layers=raw["num_hidden_layers"],
         block_size=raw["block_size"],
         target_layer_ids=tuple(raw["target_layer_ids"]),
@@ -99,8 +120,8 @@ def _dspark_config(raw: dict[str, Any]) -> DSparkConfig:
     )
 
 
-def _dflash_config(raw: dict[str, Any]) -> DFlashConfig:
-    return DFlashConfig(
+def _dflash_config(raw: dict[str, Any]) -> dict[str, Any]:
+    return dict(
         num_layers=raw["num_hidden_layers"],
         block_size=raw["block_size"],
         target_layer_ids=tuple(raw["target_layer_ids"]),
@@ -110,21 +131,45 @@ def _dflash_config(raw: dict[str, Any]) -> DFlashConfig:
     )
 
 
-def _eagle3_config(raw: dict[str, Any]) -> Eagle3Config:
-    return Eagle3Config(block_size=raw["block_size"], target_layer_ids=tuple(raw["target_layer_ids"]))
+def _eagle3_config(raw: dict[str, Any]) -> dict[str, Any]:
+    return dict(block_size=raw["block_size"], target_layer_ids=tuple(raw["target_layer_ids"]))
 
 
 KINDS: dict[str, DrafterKind] = {
-    "dspark": DrafterKind(
-        "dspark", DSparkConfig, DSparkDrafter, "Qwen3DSparkModel", True, _dspark_fields, _dspark_config
-    ),
-    # DFlash = the same checkpoint class with markov_rank = 0 and no confidence head (SPEC §5.4).
-    "dflash": DrafterKind(
-        "dflash", DFlashConfig, DFlashDrafter, "Qwen3DSparkModel", True, _dflash_fields, _dflash_config
-    ),
-    "eagle3": DrafterKind(
-        "eagle3", Eagle3Config, Eagle3Drafter, "LlamaForCausalLMEagle3", False, _eagle3_fields, _eagle3_config
-    ),
+    kind.name: kind
+    for kind in (
+        # DFlash = the DSpark checkpoint class with markov_rank = 0 and no confidence head (SPEC §5.4).
+        DrafterKind(
+            name="dflash",
+            module="dspark.drafters.dflash",
+            config_name="DFlashConfig",
+            drafter_name="DFlashDrafter",
+            architecture="Qwen3DSparkModel",
+            uses_mask_token=True,
+            config_fields=_dflash_fields,
+            config_kwargs=_dflash_config,
+        ),
+        DrafterKind(
+            name="dspark",
+            module="dspark.drafters.dspark",
+            config_name="DSparkConfig",
+            drafter_name="DSparkDrafter",
+            architecture="Qwen3DSparkModel",
+            uses_mask_token=True,
+            config_fields=_dspark_fields,
+            config_kwargs=_dspark_config,
+        ),
+        DrafterKind(
+            name="eagle3",
+            module="dspark.drafters.eagle3",
+            config_name="Eagle3Config",
+            drafter_name="Eagle3Drafter",
+            architecture="LlamaForCausalLMEagle3",
+            uses_mask_token=False,
+            config_fields=_eagle3_fields,
+            config_kwargs=_eagle3_config,
+        ),
+    )
 }
 
 

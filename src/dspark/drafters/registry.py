@@ -8,9 +8,9 @@
   embedded tiny target (``dspark/assets/drafters/<name>``);
 - a path — a drafter folder (SPEC §5.4), loaded with full validation.
 
-The trainable methods themselves are rows of :data:`dspark.drafters.kinds.KINDS`;
-:data:`TRAINABLE` names them without importing torch, so that the CLI can list the
-drafters in ``--help`` at once (a test pins ``TRAINABLE`` to the rows of ``KINDS``).
+The trainable methods themselves are rows of :data:`dspark.drafters.kinds.KINDS`, a
+table that imports no torch: :data:`TRAINABLE` and :data:`MASK_TOKEN_METHODS` are read
+from it, so the CLI lists the drafters in ``--help`` at once.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dspark.drafters.kinds import KINDS
 from dspark.errors import DsparkError
 
 if TYPE_CHECKING:
@@ -28,7 +29,8 @@ if TYPE_CHECKING:
 
 DrafterFactory = Callable[["TargetAdapter"], "Drafter"]
 
-TRAINABLE = ("dflash", "dspark", "eagle3")  # the rows of kinds.KINDS
+TRAINABLE = tuple(KINDS)  # the trainable methods, in the table's order
+MASK_TOKEN_METHODS = tuple(k.name for k in KINDS.values() if k.uses_mask_token)  # block drafters
 
 
 def _ngram(target: TargetAdapter) -> Drafter:

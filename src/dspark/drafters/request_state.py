@@ -65,6 +65,19 @@ def request_cache(
     return state.drafter_cache
 
 
+def sync_requests(net, states, sampling) -> list[torch.Generator | None]:
+    """Create each request's missing cache (:func:`request_cache`) and let ``net.sync_context``
+    absorb its newly committed features; returns the per-request generators.
+
+    ``net`` is a feature-conditioned drafter network: ``layers`` (one context K/V per layer),
+    ``dims``, ``fc`` (whose weight gives the cache's dtype and device), ``sync_context(state)``.
+    """
+    for state, params in zip(states, sampling):
+        request_cache(state, params, len(net.layers), net.dims, like=net.fc.weight)
+        net.sync_context(state)
+    return [s.drafter_cache.generator for s in states]
+
+
 def batch_context(caches: list[ContextKV]) -> tuple[Tensor, Tensor]:
     """R requests' context K/V right-padded, ``[n_layers, 2, R, nkv, Cmax, hd]``, and lengths ``[R]``."""
     views = [c.view() for c in caches]

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from dspark.drafters.kinds import kind_of_config
 from dspark.drafters.mask import mask_overrides
+from dspark.drafters.registry import MASK_TOKEN_METHODS
 from dspark.errors import DsparkError
 from dspark.targets.adapter import check_new_layer_ids, parse_layer_ids
 
@@ -29,8 +31,10 @@ def apply_target_choices(config, target, *, target_layers: str | None = None, ma
         except ValueError as e:
             raise DsparkError(f"the preset's target_layer_ids do not fit this target: {e}") from None
     if mask_token is not None:
-        if not hasattr(config, "mask_token_id"):
-            raise DsparkError("--mask-token applies to parallel drafters (dflash, dspark) only")
+        if not kind_of_config(config).uses_mask_token:
+            raise DsparkError(
+                f"--mask-token applies to parallel drafters ({', '.join(MASK_TOKEN_METHODS)}) only"
+            )
         changes |= mask_overrides(mask_token, target.tokenizer, target.vocab_size)
     config = dataclasses.replace(config, **changes)
     if config.target_layer_ids is not None:

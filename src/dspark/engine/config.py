@@ -53,6 +53,7 @@ class EngineStats:
     prefill_tokens: int = 0
     step_s: float = 0.0
     draft_s: float = 0.0  # drafter.propose
+    update_s: float = 0.0  # drafter.update: absorbing the verified tokens' features (drafter work)
     forward_s: float = 0.0  # the target's verification/prefill forward
     forward_tokens: int = 0  # sum over steps of B, the tokens of the step's forward
     max_forward_tokens: int = 0
@@ -67,7 +68,8 @@ class EngineStats:
     @property
     def overhead_share(self) -> float:
         """Share of step time spent outside model forwards (target and drafter)."""
-        return 1.0 - (self.forward_s + self.draft_s) / self.step_s if self.step_s else 0.0
+        model_s = self.forward_s + self.draft_s + self.update_s
+        return 1.0 - model_s / self.step_s if self.step_s else 0.0
 
     @property
     def tau(self) -> float:

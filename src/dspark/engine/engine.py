@@ -448,19 +448,23 @@ class Engine:
         tokens = torch.zeros(R, L, dtype=torch.long, device=device)  # [R, L]
         draft_probs = None
         n_verified = lengths.tolist()
+        greedy = [p.greedy for p in params]
         if L > 0:
-            draft_probs = target_probs.new_zeros(R, L, target_probs.shape[-1])  # [R, L, V]
+            # greedy verification compares tokens only: no [R, L, V] copy of the draft probs
+            if not all(greedy):
+                draft_probs = target_probs.new_zeros(R, L, target_probs.shape[-1])  # [R, L, V]
             for i, (req, n) in enumerate(zip(decoding, n_verified)):
                 if n > 0:
                     j = drafting[req.id]
                     tokens[i, :n] = block.tokens[j, :n].to(device)
-                    draft_probs[i, :n] = block.probs[j, :n].to(draft_probs)
+                    if draft_probs is not None:
+                        draft_probs[i, :n] = block.probs[j, :n].to(draft_probs)
         result = verify(
             tokens,
             lengths.to(device),
             draft_probs,
             target_probs,
-            greedy=torch.tensor([p.greedy for p in params], device=device),
+            greedy=torch.tensor(greedy, device=device),
             generators=[r.generator for r in decoding],
         )
         n_accepted = result.num_accepted.tolist()
@@ -490,7 +494,9 @@ class Engine:
             if cut.finish_reason is not None:
                 finished.append((req, cut))
             elif self.drafter is not None and (self.payoff is None or self.payoff.needs_update(req)):
+                update_started = time.perf_counter()
                 self.drafter.update(req.state, accepted, new_features)
+                self.stats.update_s += time.perf_counter() - update_started
         # Free slots only now: a release moves another request's slot, whose committed
         # length must already include this step's tokens.
         for req, cut in finished:

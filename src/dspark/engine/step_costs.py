@@ -26,7 +26,7 @@ class OverheadReport:
     steps: int
     step_ms: float  # mean wall time of a step
     target_ms: float  # of which the target forward
-    draft_ms: float  # of which drafter.propose
+    draft_ms: float  # of which drafter.propose and drafter.update
     other_ms: float  # everything else: the engine's overhead
     overhead_share: float  # other_ms / step_ms
     mean_batch_tokens: float  # B of the verification forward
@@ -82,7 +82,7 @@ def engine_overhead(
     steps = s.steps - prefill.steps
     step_s = s.step_s - prefill.step_s
     forward_s = s.forward_s - prefill.forward_s
-    draft_s = s.draft_s - prefill.draft_s
+    draft_s = s.draft_s + s.update_s - prefill.draft_s - prefill.update_s
     other_s = step_s - forward_s - draft_s
     return OverheadReport(
         batch=batch,

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from dspark.durable import write_atomic
 from dspark.errors import DsparkError
 
 POSITIONS_SHOWN = (1, 3, 5, 7)  # the paper's Fig. 6 panels
@@ -37,10 +37,7 @@ def write_temperatures(folder: Path, temperatures: tuple[float, ...]) -> None:
     path = folder / "config.json"
     raw = json.loads(path.read_text())
     raw["sts_temperatures"] = [float(t) for t in temperatures]
-    fd, tmp = tempfile.mkstemp(prefix=".config.", dir=folder)
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(raw, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(raw, indent=2, sort_keys=True) + "\n")
 
 
 def _check(folder: Path) -> dict:

@@ -65,15 +65,15 @@ def sequential_head_overhead(
             layer_ids=drafter.target_layer_ids,
         )
         states.append(SequenceState(r, list(ids), len(ids), features=out.features[0]))
-    drafter.prepare(states, params)
+    drafter.backbone.prepare(states, params)
     K, R = drafter.block_size, len(states)
     g = torch.Generator().manual_seed(0)
-    h = drafter.block_hidden_infer(states)[:, :K]  # [R, K, H]
-    base = drafter.logits(h)  # [R, K, V]
+    h = drafter.backbone.block_hidden_infer(states)[:, :K]  # [R, K, H]
+    base = drafter.backbone.logits(h)  # [R, K, V]
     anchors = torch.tensor([s.token_ids[-1] for s in states])
 
     def backbone():
-        drafter.logits(drafter.block_hidden_infer(states)[:, :K])
+        drafter.backbone.logits(drafter.backbone.block_hidden_infer(states)[:, :K])
 
     def parallel():
         _sample(batch_probs(base, params), g)  # [R, K]

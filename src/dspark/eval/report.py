@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from dspark.conditions import markdown as conditions_markdown
+from dspark.durable import write_atomic
 from dspark.eval import plots
 from dspark.eval.metrics import mean_defined
 from dspark.eval.runner import PLAIN, EvalResult, EvalRow
@@ -31,14 +30,7 @@ DEFINITIONS = (
 
 def write_json(path: Path, obj: Any) -> Path:
     """Write ``obj`` as indented JSON, atomically (temp file, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=2, allow_nan=False)
-        f.write("\n")
-    os.replace(tmp, path)
-    return path
+    return write_atomic(path, json.dumps(obj, indent=2, allow_nan=False) + "\n", mkdir=True)
 
 
 def _rounded(obj: Any, digits: int = 4) -> Any:

@@ -33,7 +33,7 @@ from dspark.eval.runner import EvalConfig, EvalResult, run_eval
 from dspark.presets import drafters as presets
 from dspark.targets import TargetAdapter
 from dspark.training.fresh import train_new_drafter
-from dspark.training.trainer import TrainConfig
+from dspark.training.recipe import train_config
 
 log = logging.getLogger(__name__)
 
@@ -130,17 +130,7 @@ def train_variant(
 ) -> torch.nn.Module:
     """Train (or resume / reuse) one variant and load it back through the strict folder loader."""
     run = _run_dir(out, variant.label)
-    cfg = TrainConfig(
-        output_dir=str(run),
-        max_steps=training.steps,
-        global_batch_size=training.batch_size,
-        micro_batch_size=training.micro_batch_size,
-        lr=training.lr,
-        num_anchors=training.num_anchors,
-        seed=training.seed,
-        save_every=0,
-        progress=training.progress,
-    )
+    cfg = train_config(run, training, max_steps=training.steps, save_every=0, progress=training.progress)
     train_new_drafter(cfg, target, variant.config, dataset, run / "drafter")
     return load_drafter(run / "drafter", target)
 

@@ -73,15 +73,32 @@ def training_prompts(count: int, seed: int):
 class Quickstart:
     """One run: the plan, the run folder, the loaded target, and the stages."""
 
-    def __init__(self, plan: QuickstartPlan, out: Path, *, progress: bool, announce: Callable[[str], None]):
+    def __init__(
+        self,
+        plan: QuickstartPlan,
+        out: Path,
+        *,
+        progress: bool,
+        announce: Callable[[str], None],
+        dtype: str = "auto",
+    ):
         from dspark.presets.tiny import tiny_target_dir
         from dspark.targets import TargetAdapter
+        from dspark.targets.dtype import inference_dtype
 
         self.plan = plan
         self.out = out
         self.progress = progress
         self.stages = Stages(out, announce=announce)
+        # Data and training keep the trainer's dtype (fp32 on the CPU); evaluation and
+        # serving decode in the inference dtype (bf16 where native, targets/dtype.py).
         self.target = TargetAdapter.from_pretrained(str(tiny_target_dir()))
+        decode_dtype = inference_dtype(dtype, self.target.device, hidden_size=self.target.hidden_size)
+        self.decode_target = (
+            self.target
+            if decode_dtype == self.target.dtype
+            else TargetAdapter.from_pretrained(str(tiny_target_dir()), dtype=decode_dtype)
+        )
         self.target_id = _sha256(tiny_target_dir() / "model.safetensors")
 
     # -- 1. data ------------------------------------------------------------------------------
@@ -145,23 +162,20 @@ class Quickstart:
         def run() -> dict[str, Any]:
             import dataclasses
 
-            from dspark.data.samples import read_jsonl, tokenize_records
+            from dspark.data.records import read_jsonl
+            from dspark.data.samples import tokenize_records
             from dspark.presets import drafters as presets
             from dspark.training.fresh import train_new_drafter
-            from dspark.training.trainer import TrainConfig
+            from dspark.training.recipe import train_config
 
             config = dataclasses.replace(getattr(presets, f"{method}_tiny")(), block_size=p.block_size)
             samples = tokenize_records(
                 read_jsonl(self.out / data["answers"]), self.target.tokenizer, max_length=p.max_length
             )
-            cfg = TrainConfig(
-                output_dir=str(run_dir),
+            cfg = train_config(
+                run_dir,
+                p,
                 max_steps=p.train_steps,
-                global_batch_size=p.batch_size,
-                micro_batch_size=p.micro_batch_size,
-                lr=p.lr,
-                num_anchors=p.num_anchors,
-                seed=p.seed,
                 save_every=max(1, p.train_steps // 3),
                 keep_last=1,
                 log_every=max(1, p.train_steps // 10),
@@ -260,6 +274,7 @@ class Quickstart:
             "eval_prompts", "eval_max_tokens", "temperature", "seed"
         )
         key |= {"references": list(REFERENCES), "shipped": _folder_id(shipped)}
+        key |= {"dtype": str(self.decode_target.dtype)}
 
         def run() -> dict[str, Any]:
             from dspark.drafters.folder import load_drafter
@@ -267,14 +282,13 @@ class Quickstart:
             from dspark.eval.report import write_eval_report
             from dspark.eval.runner import run_eval
 
-            loaded = {m: load_drafter(self.out / d["drafter"], self.target) for m, d in drafters.items()}
+            target = self.decode_target
+            loaded = {m: load_drafter(self.out / d["drafter"], target) for m, d in drafters.items()}
             # references: what no training (prompt lookup) and the shipped budget reach
-            loaded[REFERENCES[0]] = build_drafter("ngram", self.target)
-            loaded[REFERENCES[1]] = load_drafter(shipped, self.target)
+            loaded[REFERENCES[0]] = build_drafter("ngram", target)
+            loaded[REFERENCES[1]] = load_drafter(shipped, target)
             benches = self._builtin(skip=0, count=p.eval_prompts)
-            result = run_eval(
-                self.target, loaded, benches, self._eval_config(p.eval_max_tokens, baseline=True)
-            )
+            result = run_eval(target, loaded, benches, self._eval_config(p.eval_max_tokens, baseline=True))
             meta = {"target": "tiny", "drafters": {m: d["drafter"] for m, d in drafters.items()}}
             write_eval_report(result, self.out / "eval", meta)
             rows = [
@@ -301,17 +315,17 @@ class Quickstart:
         p = self.plan
         key = {"drafter": dspark["drafter_id"]} | p.part(
             "serve_policies", "serve_concurrency", "serve_max_tokens", "block_size", "eval_prompts"
-        )
+        ) | {"dtype": str(self.decode_target.dtype)}
 
         def run() -> dict[str, Any]:
             from dspark.drafters.folder import load_drafter
             from dspark.server.load import bench_serve, plot_load
 
-            drafter = load_drafter(self.out / dspark["drafter"], self.target)
+            drafter = load_drafter(self.out / dspark["drafter"], self.decode_target)
             sets = [[pr.turns[0] for pr in b.prompts] for b in self._builtin(skip=0, count=40)]
             prompts = [x for group in zip(*sets) for x in group]  # math, code, chat, math, ...
             points = bench_serve(
-                self.target,
+                self.decode_target,
                 drafter,
                 p.serve_policies,
                 p.serve_concurrency,
@@ -335,14 +349,18 @@ def run_quickstart(
     *,
     progress: bool = True,
     announce: Callable[[str], None] = print,
+    dtype: str = "auto",
 ) -> Path:
-    """Run (or resume) every stage and write ``out/report.md``; returns its path."""
+    """Run (or resume) every stage and write ``out/report.md``; returns its path.
+
+    ``dtype`` is what evaluation and serving decode in (``--dtype``); training keeps its own.
+    """
     from dspark.quickstart.report import write_report
 
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    qs = Quickstart(plan, out, progress=progress, announce=announce)
-    conditions = run_conditions.for_target(qs.target)
+    qs = Quickstart(plan, out, progress=progress, announce=announce, dtype=dtype)
+    conditions = run_conditions.for_target(qs.decode_target)
     data = qs.regenerate()
     trained = {m: qs.train(m, data) for m in METHODS}
     calibration = qs.calibrate(trained["dspark"])

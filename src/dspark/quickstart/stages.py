@@ -12,15 +12,14 @@ first, so no output mixes two plans.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dspark.durable import write_atomic
 from dspark.threads import load_average
 
 
@@ -33,16 +32,6 @@ class StageLog:
     seconds: dict[str, float] = field(default_factory=dict)  # wall time of each stage when it ran
     # 1-minute load average at the start and the end of each stage when it ran (None: unknown)
     loads: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class Stages:
@@ -91,7 +80,7 @@ class Stages:
                 else:
                     path.unlink(missing_ok=True)
         self.marker(name).unlink(missing_ok=True)
-        _write_atomic(started_marker, json.dumps(key) + "\n")
+        write_atomic(started_marker, json.dumps(key) + "\n", mkdir=True)
         self.announce(f"▶ {name}")
         started, load_start = time.perf_counter(), load_average()
         try:
@@ -111,7 +100,7 @@ class Stages:
         seconds = time.perf_counter() - started
         load = (load_start, load_average())
         record = {"key": key, "summary": summary, "seconds": round(seconds, 2), "load": load}
-        _write_atomic(self.marker(name), json.dumps(record, indent=1) + "\n")
+        write_atomic(self.marker(name), json.dumps(record, indent=1) + "\n", mkdir=True)
         self.announce(f"✓ {name} ({seconds:.0f} s)")
         self.log.ran.append(name)
         self.log.seconds[name] = round(seconds, 2)

@@ -24,6 +24,8 @@ from dspark.protocols import SamplingParams
 
 def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Probabilities ``[..., V]`` (fp32, rows sum to 1) for one set of sampling params."""
+    if params.temperature == 0:  # greedy: what _process returns, without the softmax
+        return greedy_one_hot(logits)
     device = logits.device
     return _process(
         logits,  # [..., V]
@@ -58,6 +60,12 @@ def batch_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Ten
     )
 
 
+def greedy_one_hot(logits: torch.Tensor) -> torch.Tensor:
+    """Greedy "probabilities" ``[..., V]`` fp32: one-hot at the raw logits' argmax (ties: lowest id)."""
+    probs = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
+    return probs.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+
+
 def _process(
     logits: torch.Tensor, *, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
 ) -> torch.Tensor:
@@ -69,8 +77,7 @@ def _process(
         x = x.masked_fill(~_top_k_top_p_keep(x, top_k, top_p), float("-inf"))
     probs = torch.softmax(x, dim=-1)  # [..., V]
     if bool(greedy.any()):
-        one_hot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-        probs = torch.where(greedy, one_hot, probs)
+        probs = torch.where(greedy, greedy_one_hot(logits), probs)
     return probs
 
 

@@ -154,10 +154,13 @@ def verify(
     else:
         assert draft_probs.shape == (R, K, V), f"draft_probs {tuple(draft_probs.shape)} != {(R, K, V)}"
 
+    # Drawn for greedy requests too, so every generator advances as it always has.
     u_accept, u_next = draw_uniforms(draft_lengths, K, generators)  # [R, K], [R]
     valid = torch.arange(K, device=device) < draft_lengths.unsqueeze(-1)  # [R, K]
     tokens = torch.where(valid, draft_tokens, 0).unsqueeze(-1)  # [R, K, 1]; padding made safe
     target_at_drafts = target_probs[:, :K]  # [R, K, V]
+    if any_greedy and bool(greedy.all()):
+        return _verify_greedy(tokens.squeeze(-1), valid, target_probs)
 
     # Acceptance test of every draft at once; the prefix logic below keeps the first run.
     accept = torch.zeros(R, K, dtype=torch.bool, device=device)  # [R, K]
@@ -185,3 +188,18 @@ def verify(
     if any_greedy:
         next_tokens = torch.where(greedy, p_t_stop.argmax(dim=-1), next_tokens)
     return VerifyOutput(num_accepted=num_accepted, next_tokens=next_tokens)
+
+
+def _verify_greedy(tokens: torch.Tensor, valid: torch.Tensor, target_probs: torch.Tensor) -> VerifyOutput:
+    """:func:`verify` when every request is greedy: the same result without the V-wide sampling work.
+
+    A draft is accepted iff it is the target's argmax; the next token is the argmax of the
+    row where the round stopped (the recovered or bonus token).
+    """
+    K = tokens.shape[1]
+    accept = (tokens == target_probs[:, :K].argmax(dim=-1)) & valid  # [R, K]
+    num_accepted = accept.long().cumprod(dim=-1).sum(dim=-1)  # [R]
+    rows = torch.arange(tokens.shape[0], device=tokens.device)
+    return VerifyOutput(
+        num_accepted=num_accepted, next_tokens=target_probs[rows, num_accepted].argmax(dim=-1)
+    )

@@ -218,6 +218,7 @@ class PolicyRule:
     name: str
     lengths: Lengths
     argument: Callable[[str], dict] | None = None  # the text after ':' → Policy fields
+    spelling: str | None = None  # how --help writes it (None: the name)
     needs_confidences: bool = True
     needs_sps: bool = False
     reads_history: bool = False  # needs confidences of earlier steps (:func:`stale_history`)
@@ -240,12 +241,14 @@ POLICIES: dict[str, PolicyRule] = {
             name="fixed",
             lengths=lambda p, caps, conf, x: fixed_lengths(caps, p.k),
             argument=_optional(int, "k"),
+            spelling="fixed | fixed:k",
             needs_confidences=False,
         ),
         PolicyRule(
             name="threshold",
             lengths=lambda p, caps, conf, x: threshold_lengths(conf, caps, p.threshold),
             argument=_optional(float, "threshold"),
+            spelling="threshold:t",
         ),
         PolicyRule(
             name="prefix",
@@ -256,6 +259,11 @@ POLICIES: dict[str, PolicyRule] = {
     )
 }
 POLICY_KINDS = tuple(POLICIES)
+
+
+def policy_spellings() -> str:
+    """``"fixed | fixed:k | threshold:t | ..."``: every row of :data:`POLICIES`, for help texts."""
+    return " | ".join(rule.spelling or rule.name for rule in POLICIES.values())
 
 
 def stale_history(

@@ -41,6 +41,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from dspark.durable import fsync_path, write_atomic
 from dspark.training.checkpoint_integrity import MARKER, CheckpointError, file_sha256, verify_checkpoint
 
 log = logging.getLogger(__name__)
@@ -107,18 +108,6 @@ def step_dir_name(step: int) -> str:
 # -- writing --------------------------------------------------------------------------------
 
 
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    _fsync_file(path)  # a directory's entries are made durable through its own fd
-
-
 def _write_json(path: Path, obj: Any) -> None:
     with open(path, "w") as f:
         json.dump(obj, f, indent=2, sort_keys=True)
@@ -138,7 +127,7 @@ def _write_tensors(path: Path, tensors: Mapping[str, Tensor]) -> None:
         seen.add(t.untyped_storage().data_ptr())
         out[name] = t
     save_file(out, str(path), metadata={"format": "pt"})
-    _fsync_file(path)
+    fsync_path(path)
 
 
 def _write_marker(folder: Path, step: int) -> None:
@@ -161,13 +150,7 @@ def _split_optimizer_state(state: Mapping[str, Any]) -> tuple[dict[str, Tensor],
 
 
 def _point_latest(root: Path, name: str) -> None:
-    tmp = root / f"{_TMP_PREFIX}{LATEST}"
-    with open(tmp, "w") as f:
-        f.write(name + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, root / LATEST)
-    _fsync_dir(root)
+    write_atomic(root / LATEST, name + "\n", tmp=root / f"{_TMP_PREFIX}{LATEST}")
 
 
 def remove_incomplete(root: Path) -> None:
@@ -212,13 +195,13 @@ def _save(root: Path, tmp: Path, ckpt: Checkpoint) -> Path:
     _write_json(tmp / "rng.json", [{"python": s.python, "numpy": s.numpy} for s in ckpt.rng])
     _write_json(tmp / "trainer_state.json", {**ckpt.trainer_state, "step": ckpt.step, "optimizer": opt_json})
     _write_marker(tmp, ckpt.step)
-    _fsync_dir(tmp)
+    fsync_path(tmp)
 
     final = root / name
     if final.exists():  # re-saving a step (a resumed run passing an old one): swap it out first
         final.rename(root / f"{_TMP_PREFIX}old-{name}")
     os.rename(tmp, final)
-    _fsync_dir(root)
+    fsync_path(root)
     _point_latest(root, name)
     remove_incomplete(root)
     return final

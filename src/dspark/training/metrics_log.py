@@ -18,7 +18,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import sys
 import time
 from collections.abc import Mapping
@@ -30,6 +29,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from dspark import distributed
+from dspark.durable import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -158,9 +158,7 @@ def truncate_after(path: Path, step: int) -> None:
     lines = path.read_text().splitlines(keepends=True)
     keep = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
     if len(keep) != len(lines):
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(keep))
-        os.replace(tmp, path)
+        write_atomic(path, "".join(keep), tmp=path.with_name(path.name + ".tmp"))
 
 
 def _summary_writer(log_dir: Path, purge_step: int):

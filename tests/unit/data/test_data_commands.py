@@ -6,7 +6,7 @@ import pytest
 
 from dspark.cli import main
 from dspark.data.cache import FeatureCache
-from dspark.data.records import read_records
+from dspark.data.records import read_jsonl
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,7 @@ def test_prompts_command_writes_a_seeded_split(capsys, tmp_path):
     report = json.loads(out)
     assert (report["train"], report["eval"]) == (15, 5)  # 40 read, 20 after dedup
     assert sum(report["train_domains"].values()) == 15
-    train = read_records(tmp_path / "train.jsonl")
+    train = read_jsonl(tmp_path / "train.jsonl", log=True)
     assert {"id", "turns", "domain", "source"} <= set(train[0])
 
 
@@ -137,7 +137,7 @@ def test_regenerate_then_cache_then_estimate(capsys, tmp_path, target_dir):
     assert code == 0
     report = json.loads(stdout)
     assert (report["done"], report["failed"]) == (3, 0)
-    records = read_records(out)
+    records = read_jsonl(out, log=True)
     assert all(len(r["answers"]) == 2 and r["template_kwargs"] == {"enable_thinking": False} for r in records)
 
     cache = tmp_path / "cache"

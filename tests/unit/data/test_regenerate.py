@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dspark.data.prompts import Prompt
-from dspark.data.records import JsonlAppender, read_records
+from dspark.data.records import JsonlAppender, read_jsonl
 from dspark.data.regenerate import (
     Answer,
     AnswerError,
@@ -69,7 +69,7 @@ def test_turns_are_replayed_with_the_targets_own_answers(tmp_path):
         {"role": "user", "content": "three"},
     ]
     assert [len(h) for h in histories] == [2, 4, 6]
-    (record,) = read_records(tmp_path / "o")
+    (record,) = read_jsonl(tmp_path / "o", log=True)
     seed = record_seed(11, prompt.key)
     assert [p.seed for _, p in backend.calls] == [seed, seed + 1, seed + 2]
     assert record == {
@@ -101,7 +101,7 @@ def test_prompt_system_message_wins_and_seed_none_stays_none(tmp_path):
     )
     assert backend.calls[0][0][0] == {"role": "system", "content": "own"}
     assert backend.calls[0][1].seed is None
-    assert read_records(tmp_path / "o")[0]["sampling"]["seed"] is None
+    assert read_jsonl(tmp_path / "o", log=True)[0]["sampling"]["seed"] is None
 
 
 def test_seeds_are_per_prompt_and_reproducible():
@@ -115,7 +115,7 @@ def test_resume_skips_done_and_permanent_failures_and_retries_the_rest(tmp_path)
     out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
     first = regenerate(prompts, ScriptedBackend(fail={"p1"}, permanent={"p2"}), out, err, PARAMS, QUIET)
     assert (first.done, first.failed, first.completion_tokens) == (4, 2, 8)
-    errors = read_records(err)
+    errors = read_jsonl(err, log=True)
     assert {(e["id"], e["retryable"], e["turn"]) for e in errors} == {
         (prompts[1].key, True, 0),
         (prompts[2].key, False, 0),
@@ -127,7 +127,7 @@ def test_resume_skips_done_and_permanent_failures_and_retries_the_rest(tmp_path)
     second = regenerate(prompts + prompts[:2], backend, out, err, PARAMS, QUIET)  # duplicates too
     assert (second.total, second.resumed, second.skipped, second.done, second.failed) == (6, 4, 1, 1, 0)
     assert [m[-1]["content"] for m, _ in backend.calls] == ["p1"]
-    ids = [r["id"] for r in read_records(out)]
+    ids = [r["id"] for r in read_jsonl(out, log=True)]
     assert sorted(ids) == sorted(p.key for p in prompts if p.key != prompts[2].key)
 
 
@@ -160,7 +160,7 @@ def test_appends_are_whole_lines_under_concurrency(tmp_path):
     with JsonlAppender(path) as a, JsonlAppender(path) as b:
         for i in range(200):
             (a if i % 2 else b).append({"i": i, "pad": "x" * (i * 37 % 5000)})
-    assert sorted(r["i"] for r in read_records(path)) == list(range(200))
+    assert sorted(r["i"] for r in read_jsonl(path, log=True)) == list(range(200))
 
 
 # -- in-process backend on a real (tiny, random) chat target -----------------------------------
@@ -192,7 +192,7 @@ def test_in_process_backend_is_the_decoding_loop(target, tmp_path):
     prompt = Prompt(("explain the fox",))
     params = SamplingParams(temperature=1.0, max_tokens=8, seed=5)
     regenerate([prompt], InProcessBackend(target), tmp_path / "o", tmp_path / "e", params, QUIET)
-    (record,) = read_records(tmp_path / "o")
+    (record,) = read_jsonl(tmp_path / "o", log=True)
     tok = target.tokenizer
     ids = chat_prompt_ids(tok, [{"role": "user", "content": "explain the fox"}], {})
     seeded = SamplingParams(temperature=1.0, max_tokens=8, seed=record_seed(5, prompt.key))
@@ -208,5 +208,5 @@ def test_in_process_prompt_too_long_is_a_permanent_failure(target, tmp_path):
     long = Prompt((" ".join(["fox"] * 600),))
     summary = regenerate([long], InProcessBackend(target), tmp_path / "o", tmp_path / "e", PARAMS, QUIET)
     assert summary.failed == 1
-    (error,) = read_records(tmp_path / "e")
+    (error,) = read_jsonl(tmp_path / "e", log=True)
     assert not error["retryable"] and "context" in error["reason"]

@@ -13,7 +13,7 @@ import torch
 from dspark.data.chat import chat_prompt_ids
 from dspark.data.http_backend import _parse_answer
 from dspark.data.prompts import Prompt
-from dspark.data.records import read_records
+from dspark.data.records import read_jsonl
 from dspark.data.regenerate import InProcessBackend, RegenerateConfig, regenerate
 from dspark.data.samples import tokenize_records
 from dspark.decoding import speculative_generate
@@ -42,7 +42,7 @@ def records(target, tmp_path_factory):
     backend = InProcessBackend(target, max_batch=2)
     config = RegenerateConfig(concurrency=2, progress=False)
     regenerate(PROMPTS, backend, out / "data.jsonl", out / "errors.jsonl", PARAMS, config)
-    return read_records(out / "data.jsonl")
+    return read_jsonl(out / "data.jsonl", log=True)
 
 
 def test_trained_on_tokens_equal_the_generated_ids(target, records):

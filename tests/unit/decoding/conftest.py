@@ -41,3 +41,19 @@ def hf_greedy(target: TargetAdapter, prompt: list[int], n: int) -> list[int]:
         model.generation_config.eos_token_id, model.config.eos_token_id = saved
     assert out.shape[1] == len(prompt) + n
     return out[0, len(prompt) :].tolist()
+
+
+@pytest.fixture(scope="module")
+def no_eos(long_qwen3):
+    """``long_qwen3`` that never stops at EOS (runs of exactly ``max_tokens``)."""
+    long_qwen3.eos_token_ids = ()
+    return long_qwen3
+
+
+@pytest.fixture(scope="module")
+def prompt() -> list[int]:
+    """A 30-token prompt that repeats itself."""
+    g = torch.Generator().manual_seed(3)
+    # A repetitive prompt gives the n-gram drafter something to find.
+    base = torch.randint(3, 128, (12,), generator=g).tolist()
+    return base + base[:6] + base

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
 
 from dspark.decoding import speculative_generate
 from dspark.drafters.ngram import NgramDrafter
@@ -15,20 +14,6 @@ from .conftest import hf_greedy
 from .drafters_for_tests import OracleDrafter, RandomDrafter
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=300)
-
-
-@pytest.fixture(scope="module")
-def no_eos(long_qwen3):
-    long_qwen3.eos_token_ids = ()
-    return long_qwen3
-
-
-@pytest.fixture(scope="module")
-def prompt() -> list[int]:
-    g = torch.Generator().manual_seed(3)
-    # A repetitive prompt gives the n-gram drafter something to find.
-    base = torch.randint(3, 128, (12,), generator=g).tolist()
-    return base + base[:6] + base
 
 
 @pytest.fixture(scope="module")

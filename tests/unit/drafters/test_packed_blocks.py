@@ -15,6 +15,7 @@ import torch
 
 from dspark.drafters.attention import PackedBlockMask, attend, attend_packed_blocks
 from dspark.drafters.blocks import PAD_ANCHOR, batch_layout
+from dspark.drafters.common import draft_rope
 from dspark.drafters.objective import compute_loss
 from dspark.protocols import TrainBatch, TrainOutput
 from dspark.targets import TargetAdapter
@@ -34,13 +35,14 @@ def two_rows(target: TargetAdapter):
 def oracle_output(drafter, batch) -> TrainOutput:
     """Block by block, each over its own context (features before its anchor) and slots only."""
     layout = batch_layout(batch, drafter.block_size)
+    net = drafter.backbone  # DFlash and DSpark hold one
     hidden, rows, positions, labels, valid = [], [], [], [], []
     for b, a in (layout.anchors >= 0).nonzero().tolist():
         anchor = int(layout.anchors[b, a])
-        h_ctx = drafter.context_features(batch.features[b : b + 1, :anchor])  # [1, anchor, H]
-        cos_c, sin_c = drafter._rope(torch.arange(anchor).unsqueeze(0))
-        h = drafter.embed(drafter._block_inputs(batch.input_ids[b, anchor].view(1)))  # [1, K, H]
-        cos_q, sin_q = drafter._rope(layout.positions[b, a].unsqueeze(0))
+        h_ctx = net.context_features(batch.features[b : b + 1, :anchor])  # [1, anchor, H]
+        cos_c, sin_c = draft_rope(net.dims, torch.arange(anchor).unsqueeze(0))
+        h = net.embed(net._block_inputs(batch.input_ids[b, anchor].view(1)))  # [1, K, H]
+        cos_q, sin_q = draft_rope(net.dims, layout.positions[b, a].unsqueeze(0))
         for layer in drafter.layers:
             ctx_k, ctx_v = layer.context_kv(h_ctx, cos_c, sin_c)
             h = layer(h, cos_q, sin_q, ctx_k, ctx_v, None)
@@ -51,7 +53,7 @@ def oracle_output(drafter, batch) -> TrainOutput:
         valid.append(layout.valid[b, a])
     h = torch.stack(hidden).unsqueeze(0)  # [1, N, K, H]
     rows_t, positions_t = torch.tensor(rows), torch.stack(positions)
-    logits = drafter.logits(h)
+    logits = net.logits(h)
     confidences = None
     if hasattr(drafter, "markov_head"):
         at = positions_t.clamp_max(batch.input_ids.shape[1] - 1)
@@ -63,7 +65,7 @@ def oracle_output(drafter, batch) -> TrainOutput:
         if drafter.confidence_head is not None:
             confidences = torch.sigmoid(drafter._confidence_logits(h, emb))
     T = batch.input_ids.shape[1]
-    target_logits = drafter.logits(batch.target_hidden[rows_t.unsqueeze(-1), positions_t.clamp_max(T - 1)])
+    target_logits = net.logits(batch.target_hidden[rows_t.unsqueeze(-1), positions_t.clamp_max(T - 1)])
     return TrainOutput(
         logits=logits,
         labels=torch.stack(labels).unsqueeze(0),

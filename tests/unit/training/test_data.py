@@ -7,13 +7,13 @@ import json
 import pytest
 import torch
 
+from dspark.data.records import read_jsonl
 from dspark.data.samples import (
     DataError,
     ShardedSampler,
     TrainDataset,
     collate,
     conversation_of,
-    read_jsonl,
     tokenize_conversation,
     tokenize_records,
 )
