@@ -85,3 +85,32 @@ def test_unknown_preset_is_a_clear_error(tmp_path, capsys):
         )
     assert exc.value.code == 2
     assert "unknown preset" in capsys.readouterr().err
+
+
+def test_train_flags_reach_the_trainer(tmp_path, capsys, monkeypatch):
+    """--activation-checkpointing and --pack-target switch the trainer's options on (issue 14)."""
+    from dspark.training import trainer as trainer_module
+
+    seen = []
+    real_init = trainer_module.Trainer.__init__
+
+    def spy(self, cfg, *a, **k):
+        seen.append(cfg)
+        real_init(self, cfg, *a, **k)
+
+    monkeypatch.setattr(trainer_module.Trainer, "__init__", spy)
+    argv = [
+        "train",
+        "--drafter",
+        "dflash",
+        "--data",
+        "tiny-corpus",
+        "--limit",
+        "4",
+        "--out",
+        str(tmp_path / "r"),
+    ]
+    argv += ["--steps", "1", "--batch-size", "2", "--micro-batch-size", "2", "--num-anchors", "4"]
+    argv += ["--max-length", "64", "--save-every", "0", "--activation-checkpointing", "--pack-target"]
+    assert main(argv) == 0
+    assert seen[0].activation_checkpointing and seen[0].pack_target

@@ -57,6 +57,16 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (warmup 4%%, then cosine)")
     p.add_argument("--num-anchors", type=int, default=512, help="blocks per sequence (DESIGN §6)")
     p.add_argument("--max-length", type=int, default=1024, help="tokens per sequence (longer ones are cut)")
+    p.add_argument(
+        "--activation-checkpointing",
+        action="store_true",
+        help="dflash/dspark: recompute the draft layers in the backward (less memory, same gradients)",
+    )
+    p.add_argument(
+        "--pack-target",
+        action="store_true",
+        help="online features: run a micro-batch's samples through the target flattened, no padding",
+    )
     p.add_argument("--limit", type=int, default=None, help="use only the first N records")
     add_template_kwargs(p)
     p.add_argument("--save-every", type=int, default=100, help="checkpoint every N steps (0: at the end)")
@@ -152,6 +162,8 @@ def main_train(args: argparse.Namespace) -> int:
         eval_every=args.eval_every,
         tensorboard=args.tensorboard,
         resume=not args.no_resume,
+        activation_checkpointing=args.activation_checkpointing,
+        pack_target=args.pack_target,
     )
     with distributed.launch() as world:
         target = load_target(args.target, device=world.device)

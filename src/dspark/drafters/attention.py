@@ -59,6 +59,9 @@ class PackedBlockMask:
     block_size: int  # queries per block
     spans: tuple[tuple[int, int, int, int], ...] | None = None
     prefix: tuple[Tensor, Tensor] | None = None  # keys, values [B, nkv, N, P, hd]
+    # A flex-attention BlockMask of the same pattern (drafters/flex_blocks.py); when set, the
+    # layers attend through flex attention instead of attend_packed_blocks.
+    flex_mask: object | None = None
 
 
 def attend_packed_blocks(

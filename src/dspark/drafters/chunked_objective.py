@@ -149,19 +149,21 @@ def chunked_terms(
     shape = labels.shape
     H = factors.hidden.shape[-1]
     u = factors.low_rank_u
-    objective, l1, ce_t, soft_t = _ChunkedTerms.apply(
-        factors.hidden.reshape(-1, H),
-        u.reshape(-1, u.shape[-1]) if u is not None else None,
-        factors.low_rank_w,
-        factors.head,
-        factors.target_rows,
-        factors.target_index.reshape(-1),
-        labels.reshape(-1),
-        omega.reshape(-1).float(),
-        (ce, soft_ce, tv),
-        factors.softcap,
-        chunk_slots(factors.head.shape[0], budget_bytes),
-    )
+    # fp32 throughout, also inside the trainer's bf16 autocast (whose matmuls would be bf16).
+    with torch.autocast(factors.hidden.device.type, enabled=False):
+        objective, l1, ce_t, soft_t = _ChunkedTerms.apply(
+            factors.hidden.reshape(-1, H),
+            u.reshape(-1, u.shape[-1]) if u is not None else None,
+            factors.low_rank_w,
+            factors.head,
+            factors.target_rows,
+            factors.target_index.reshape(-1),
+            labels.reshape(-1),
+            omega.reshape(-1).float(),
+            (ce, soft_ce, tv),
+            factors.softcap,
+            chunk_slots(factors.head.shape[0], budget_bytes),
+        )
     return SlotTerms(
         objective=objective,
         l1=l1.view(shape),

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from transformers.activations import ACT2FN
 
 from dspark.drafters.attention import PackedBlockMask, apply_rope, attend, attend_packed_blocks, rope_cos_sin
+from dspark.drafters.flex_blocks import attend_packed_blocks_flex
 from dspark.drafters.mask import resolve_mask_id
 from dspark.protocols import SlotFactors
 from dspark.targets.families import layer_shape
@@ -166,7 +167,8 @@ class DraftAttention(nn.Module):
         q = apply_rope(q, cos, sin)
         k, v = self.project_kv(x, cos, sin)  # [B, nkv, T, hd]
         if isinstance(mask, PackedBlockMask):
-            out = attend_packed_blocks(q, ctx_k, ctx_v, k, v, mask)  # [B, nh, T, hd]
+            packed = attend_packed_blocks if mask.flex_mask is None else attend_packed_blocks_flex
+            out = packed(q, ctx_k, ctx_v, k, v, mask)  # [B, nh, T, hd]
         else:
             keys = k if ctx_k is None else torch.cat([ctx_k, k], dim=2)  # [B, nkv, C+T, hd]
             values = v if ctx_v is None else torch.cat([ctx_v, v], dim=2)

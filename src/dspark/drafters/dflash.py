@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from dspark.drafters.attention import PackedBlockMask
 from dspark.drafters.blocks import PackedBlocks, batch_layout, pack_blocks
@@ -37,6 +38,7 @@ from dspark.drafters.common import (
     scaled_embedding,
     slot_factors,
 )
+from dspark.drafters.flex_blocks import with_flex_mask
 from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, dflash_objective
 from dspark.drafters.parts import hold
 from dspark.drafters.request_state import (
@@ -69,6 +71,12 @@ class DFlashConfig:
             raise ValueError(
                 f"num_layers and block_size must be >= 1, got {self.num_layers}, {self.block_size}"
             )
+
+
+def _train_layer(layer, h, h_ctx, cos_c, sin_c, cos_q, sin_q, mask) -> Tensor:
+    """One draft layer over packed blocks ``h [1, N*K, H]``, its context K/V projected from ``h_ctx``."""
+    ctx_k, ctx_v = layer.context_kv(h_ctx, cos_c, sin_c)  # [1, nkv, C, hd]
+    return layer(h, cos_q, sin_q, ctx_k, ctx_v, mask)
 
 
 class DFlashBackbone(nn.Module):
@@ -105,6 +113,11 @@ class DFlashBackbone(nn.Module):
         # The drafter's own mask input when the tokenizer has no mask token (drafters/mask.py).
         self.mask_embedding = nn.Parameter(torch.zeros(H)) if mask_embedding else None
         init_weights(self, dims.initializer_range)
+        # Training only, not part of the config or the checkpoint: recompute each draft layer's
+        # activations in the backward instead of keeping them (TrainConfig.activation_checkpointing).
+        self.activation_checkpointing = False
+        # Training only too: attend through flex attention (TrainConfig.attention, CUDA by default).
+        self.flex_attention = False
         self.embed_tokens.weight.requires_grad_(False)
         self.lm_head.weight.requires_grad_(False)
 
@@ -155,9 +168,12 @@ class DFlashBackbone(nn.Module):
         h = self.block_embeddings(anchor_ids).view(1, N * K, H).to(h_ctx.dtype)  # [1, N*K, H]
         cos_q, sin_q = draft_rope(self.dims, blocks.positions.view(1, N * K))  # [1, N*K, hd]
         mask = PackedBlockMask(blocks.context_mask().unsqueeze(0), K, blocks.row_spans())  # [1, N, C]
+        if self.flex_attention:
+            mask = with_flex_mask(mask, N * K)
+        recompute = self.activation_checkpointing and torch.is_grad_enabled()
         for layer in self.layers:
-            ctx_k, ctx_v = layer.context_kv(h_ctx, cos_c, sin_c)  # [1, nkv, C, hd]
-            h = layer(h, cos_q, sin_q, ctx_k, ctx_v, mask)
+            args = (layer, h, h_ctx, cos_c, sin_c, cos_q, sin_q, mask)
+            h = checkpoint(_train_layer, *args, use_reentrant=False) if recompute else _train_layer(*args)
         return self.norm(h).view(N, K, H)
 
     def slot_factors(

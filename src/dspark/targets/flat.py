@@ -257,6 +257,7 @@ class FlatOutput:
     logits: Tensor  # [n, V] fp32 at the requested rows
     features: Tensor | None  # [N, L, H] raw outputs of layer_ids for every token
     layer_ids: tuple[int, ...] = ()  # the layers of ``features``, in order (() without features)
+    hidden: Tensor | None = None  # [N, H] final-normed last hidden state of every token
 
 
 @torch.no_grad()
@@ -303,4 +304,4 @@ def flat_forward(
     if layers:
         features = torch.stack([captured[i][0] for i in layers], dim=1)  # [N, L, H]
     logits = target.lm_head(hidden[logits_at.to(device)])
-    return FlatOutput(logits=logits, features=features, layer_ids=layers)
+    return FlatOutput(logits=logits, features=features, layer_ids=layers, hidden=hidden)

@@ -14,6 +14,8 @@ same anchors, and there is no generator state to checkpoint.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -49,19 +51,25 @@ def target_batch(
     generator: torch.Generator | None = None,
     device: torch.device | None = None,
     dtype: torch.dtype | None = None,
+    lengths: list[int] | None = None,
 ) -> TrainBatch:
     """A :class:`TrainBatch` for ``input_ids [B, T]`` with the target's features, on ``device``.
 
     ``num_anchors=None`` leaves the anchors to the drafter (every eligible position);
     ``dtype`` casts the features and hidden states (default: the target's dtype).
+    ``lengths [B]`` (the rows' real lengths) packs the rows into one flattened forward
+    (:func:`packed_features`): no target work on padding, the same outputs on real tokens.
     """
     assert input_ids.shape == loss_mask.shape and input_ids.dim() == 2, (
         f"input_ids {tuple(input_ids.shape)} vs loss_mask {tuple(loss_mask.shape)}"
     )
     device = device if device is not None else target.device
-    out = target.forward(input_ids.to(target.device), target.new_cache(), with_features=True)
-    if out.features is None:
+    if not target.target_layer_ids:
         raise DsparkError("the target adapter has no feature layers (target_layer_ids is empty)")
+    if lengths is not None:
+        out = packed_features(target, input_ids, lengths)
+    else:
+        out = target.forward(input_ids.to(target.device), target.new_cache(), with_features=True)
     anchors = None
     if num_anchors is not None:
         anchors = sample_anchors(loss_mask.cpu(), num_anchors, generator).to(device)  # [B, A]
@@ -72,3 +80,34 @@ def target_batch(
         target_hidden=out.hidden.to(device, dtype),  # [B, T, H]
         anchors=anchors,
     )
+
+
+@dataclass(frozen=True)
+class Features:
+    features: Tensor  # [B, T, L, H], zeros on padding
+    hidden: Tensor  # [B, T, H], zeros on padding
+
+
+def packed_features(target, input_ids: Tensor, lengths: list[int]) -> Features:
+    """The target's features of the rows of ``input_ids [B, T]``, their ``lengths`` real tokens
+    run as one flattened sequence (:func:`~dspark.targets.flat.flat_forward`: every sample
+    attends only to itself, positions restart at 0 per sample), scattered back to ``[B, T, ...]``.
+
+    Projections and MLPs then run on the real tokens only, whatever the spread of lengths
+    in the micro-batch; the values on real tokens are those of the padded forward.
+    """
+    from dspark.targets.flat import KVStore, Run, flat_forward
+
+    B, T = input_ids.shape
+    assert len(lengths) == B and min(lengths) > 0 and max(lengths) <= T, (lengths, T)
+    runs = [Run(slot=b, start=0, length=n) for b, n in enumerate(lengths)]
+    flat_ids = torch.cat([input_ids[b, :n] for b, n in enumerate(lengths)])  # [N]
+    store = KVStore.for_target(target, num_slots=B, capacity=max(lengths))
+    empty = torch.empty(0, dtype=torch.long)
+    out = flat_forward(target, store, flat_ids, runs, logits_at=empty, with_features=True)
+    real = torch.arange(T).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)  # [B, T]
+    real = real.to(out.hidden.device)
+    features = out.features.new_zeros(B, T, *out.features.shape[1:])  # [B, T, L, H]
+    hidden = out.hidden.new_zeros(B, T, out.hidden.shape[-1])  # [B, T, H]
+    features[real], hidden[real] = out.features, out.hidden  # row-major, like the flattening
+    return Features(features, hidden)

@@ -95,6 +95,15 @@ class TrainConfig:
     # probabilities below 1e-38; each one costs a microcode assist on x86, and on the tiny
     # target that doubled a step's time (BENCHMARKS.md, "Training throughput").
     flush_denormals: bool = True
+    # Recompute the draft layers' activations in the backward (less memory, same loss and
+    # gradients, ≈ one more drafter forward); DFlash/DSpark only.
+    activation_checkpointing: bool = field(default=False, metadata=_RUN_CONTROL)
+    # Packed-block attention of DFlash/DSpark: "flex" = flex attention (compiled on CUDA),
+    # "packed" = attend_packed_blocks; "auto" = flex on CUDA, packed elsewhere. Same outputs.
+    attention: Literal["auto", "packed", "flex"] = field(default="auto", metadata=_RUN_CONTROL)
+    # Online features: run the micro-batch's samples through the target as one flattened
+    # sequence (no work on padding; online.packed_features) instead of a padded batch.
+    pack_target: bool = field(default=False, metadata=_RUN_CONTROL)
     parallel: Literal["ddp", "fsdp"] = field(default="ddp", metadata=_RUN_CONTROL)
     find_unused_parameters: bool = field(default=False, metadata=_RUN_CONTROL)
     save_every: int = field(default=1000, metadata=_RUN_CONTROL)  # 0: only at the end
@@ -224,6 +233,16 @@ class Trainer:
 
         # fp32 master weights everywhere; bf16 only inside autocast (SPEC §6).
         drafter.to(device=world.device, dtype=torch.float32).train()
+        flex = cfg.attention == "flex" or (cfg.attention == "auto" and world.device.type == "cuda")
+        wanted = {"activation_checkpointing": cfg.activation_checkpointing, "flex_attention": flex}
+        for flag, on in wanted.items():
+            parts = [*drafter.modules(), getattr(drafter, "backbone", None)]  # held: drafters/parts.py
+            holders = [m for m in parts if m is not None and hasattr(m, flag)]  # DFlash/DSpark backbones
+            asked = flag == "activation_checkpointing" or cfg.attention == "flex"  # not just "auto"
+            if on and asked and not holders:
+                raise DsparkError(f"{type(drafter).__name__} has no {flag.replace('_', ' ')}")
+            for m in holders:
+                setattr(m, flag, on)
         self.model = distributed.wrap(
             _Objective(drafter), world, cfg.parallel, find_unused_parameters=cfg.find_unused_parameters
         )
@@ -285,7 +304,8 @@ class Trainer:
                     dtype=dtype or torch.float32,
                 )
             else:
-                tb = collate([self.dataset[j] for j in mb.indices], self.pad_id)
+                samples = [self.dataset[j] for j in mb.indices]
+                tb = collate(samples, self.pad_id)
                 batch = online.target_batch(
                     self.target,
                     tb.input_ids,
@@ -294,6 +314,7 @@ class Trainer:
                     generator=generator,
                     device=self.world.device,
                     dtype=dtype,
+                    lengths=[len(s.input_ids) for s in samples] if self.cfg.pack_target else None,
                 )
             with distributed.gradient_sync(self.model, enabled=i == len(micro) - 1):
                 with torch.autocast(self.world.device.type, dtype=torch.bfloat16, enabled=self.use_bf16):

@@ -51,3 +51,64 @@ def test_feature_layers_must_match():
     check_feature_layers(target, (0, 2))
     with pytest.raises(DsparkError, match=r"reads target layers \(0, 1\)"):
         check_feature_layers(target, (0, 1))
+
+
+def test_packed_target_forward_gives_the_padded_features_and_the_same_loss():
+    """Several samples in one flattened target forward: real tokens' features, hidden states
+    and the drafter's loss are those of the padded batch (issue 14 item 2, target side)."""
+    from dspark.data.samples import TrainSample
+    from dspark.drafters.dspark import DSparkConfig, DSparkDrafter
+
+    target = tiny_target()
+    g = torch.Generator().manual_seed(3)
+    lengths = [30, 9, 21, 17]  # > 16 tokens attend alone in the flat layout, <= 16 as a group
+    samples = []
+    for n in lengths:
+        mask = torch.ones(n, dtype=torch.bool)
+        mask[:3] = False
+        samples.append(TrainSample(torch.randint(3, 64, (n,), generator=g), mask))
+    tb = collate(samples, 0)
+
+    def batch(**kw):
+        gen = torch.Generator().manual_seed(0)
+        return target_batch(target, tb.input_ids, tb.loss_mask, num_anchors=6, generator=gen, **kw)
+
+    padded, packed = batch(), batch(lengths=lengths)
+    real = torch.arange(tb.input_ids.shape[1]) < torch.tensor(lengths).unsqueeze(1)  # [B, T]
+    torch.testing.assert_close(packed.features[real], padded.features[real], rtol=0, atol=1e-5)
+    torch.testing.assert_close(packed.target_hidden[real], padded.target_hidden[real], rtol=0, atol=1e-5)
+    assert torch.equal(packed.anchors, padded.anchors)
+    torch.manual_seed(0)
+    config = DSparkConfig(num_layers=1, block_size=3, mask_token_id=63, markov_rank=4)
+    drafter = DSparkDrafter.from_target(target, config)
+    losses = [drafter.loss(drafter.forward_train(b)).loss for b in (padded, packed)]
+    torch.testing.assert_close(losses[1], losses[0], rtol=0, atol=1e-5)
+
+
+def test_the_trainer_packs_the_target_forward_when_asked(tmp_path, monkeypatch):
+    from dspark.data.samples import TrainSample
+    from dspark.drafters.dflash import DFlashConfig, DFlashDrafter
+    from dspark.training import online
+    from dspark.training.trainer import TrainConfig, train
+
+    target = tiny_target()
+    g = torch.Generator().manual_seed(4)
+    samples = [
+        TrainSample(torch.randint(3, 64, (n,), generator=g), torch.ones(n, dtype=torch.bool))
+        for n in (8, 19, 13, 25)
+    ]
+    seen, losses = [], []
+    real = online.packed_features
+    monkeypatch.setattr(online, "packed_features", lambda *a: seen.append(a[2]) or real(*a))
+    for pack in (False, True):
+        torch.manual_seed(0)
+        drafter = DFlashDrafter.from_target(
+            target, DFlashConfig(num_layers=1, block_size=3, mask_token_id=63)
+        )
+        cfg = TrainConfig(
+            output_dir=str(tmp_path / str(pack)), max_steps=1, global_batch_size=4, micro_batch_size=4,
+            num_anchors=4, progress=False, pack_target=pack,
+        )  # fmt: skip
+        losses.append(train(cfg, target, drafter, samples).metrics["loss"])
+    assert len(seen) == 1 and sorted(seen[0]) == [8, 13, 19, 25]  # only the packed run, real lengths
+    assert losses[1] == pytest.approx(losses[0], abs=1e-5)
