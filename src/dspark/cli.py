@@ -43,6 +43,7 @@ COMMANDS: dict[str, tuple[AddArgs, Main]] = {
     "train": (train.add_train_args, train.main_train),
     "campaign": (campaign.add_campaign_args, campaign.main_campaign),
     "bench decode": (bench.add_bench_decode_args, bench.main_bench_decode),
+    "bench matrix": (bench.add_bench_matrix_args, bench.main_bench_matrix),
     "bench target": (bench.add_bench_target_args, bench.main_bench_target),
     "bench markov-overhead": (bench.add_bench_overhead_args, bench.main_bench_overhead),
     "bench round": (bench.add_bench_round_args, bench.main_bench_round),

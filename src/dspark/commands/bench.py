@@ -1,19 +1,27 @@
-"""``dspark bench decode|target|markov-overhead|round|serve``: the measuring commands.
+"""``dspark bench decode|matrix|target|markov-overhead|round|serve``: the measuring commands.
 
 Each prints ratios against a baseline run in the same process (the machine is noisy);
 the measuring itself lives in :mod:`dspark.eval.decode_speed`, :mod:`dspark.eval.target_report`,
-:mod:`dspark.eval.overhead` and :mod:`dspark.server.load`.
+:mod:`dspark.eval.overhead`, :mod:`dspark.eval.speed_matrix` and :mod:`dspark.server.load`.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import sys
 
 from dspark.commands.argtypes import non_negative_float, positive_int
-from dspark.commands.options import add_block_size, add_drafter, add_drafters, add_dtype, add_target
+from dspark.commands.options import (
+    add_block_size,
+    add_drafter,
+    add_drafters,
+    add_dtype,
+    add_payoff,
+    add_target,
+)
 from dspark.errors import DsparkError
 
 
@@ -48,6 +56,7 @@ def add_bench_decode_args(p: argparse.ArgumentParser) -> None:
         help="also decode each drafter through the batched engine (one slot) with these comma-separated "
         "verification policies, as methods DRAFTER@POLICY (e.g. prefix,fixed)",
     )
+    add_payoff(p)
     p.add_argument(
         "--temperature", type=non_negative_float, default=0.0, help="0 = greedy (default); > 0 samples"
     )
@@ -75,7 +84,14 @@ def main_bench_decode(args: argparse.Namespace) -> int:
     drafters = {name: build_drafter(name, target) for name in args.drafters.split(",")}
     policies = [p.strip() for p in args.engine_policies.split(",") if p.strip()]
     engines = {
-        f"{name}@{policy}": batch1_engine(target, drafter, policy, block_size=args.block_size)
+        f"{name}@{policy}": batch1_engine(
+            target,
+            drafter,
+            policy,
+            block_size=args.block_size,
+            payoff=not args.no_payoff_control,
+            choose_proposer=not args.no_proposer_choice,
+        )
         for name, drafter in drafters.items()
         if drafter is not None
         for policy in policies
@@ -120,6 +136,106 @@ def main_bench_decode(args: argparse.Namespace) -> int:
             )
         for k, ratio in ratios.items():
             print(f"verify {k} tokens / decode 1 token: {ratio:.2f}x")
+        print(f"run conditions: {conditions.describe()}")
+    if conditions.warning():
+        print(f"warning: {conditions.warning()}", file=sys.stderr)
+    return 0
+
+
+def add_bench_matrix_args(p: argparse.ArgumentParser) -> None:
+    add_target(p)
+    add_dtype(p)
+    p.add_argument(
+        "--prompts",
+        default="code,math,chat",
+        help="comma-separated prompt sets: built-in names (math, code, chat), shipped benchmark subsets "
+        "(gsm8k, humaneval, mt-bench) or JSONL paths",
+    )
+    p.add_argument(
+        "--limit", type=positive_int, default=4, help="prompts per set (cycled up to the concurrency)"
+    )
+    add_drafters(p, default="ngram,dspark,dflash,eagle3")
+    p.add_argument("--concurrency", default="1,4,16,64", help="comma-separated KV slots = requests at once")
+    p.add_argument(
+        "--requests", type=positive_int, default=4, help="requests per cell at least (at low concurrency)"
+    )
+    p.add_argument("--max-tokens", type=positive_int, default=32, help="tokens per answer")
+    add_block_size(p)
+    p.add_argument(
+        "--static",
+        default="fixed",
+        help="comma-separated static policies (every round drafts, no payoff control) to compare with",
+    )
+    p.add_argument("--json", action="store_true", help="print the cells and the goal check as JSON")
+
+
+def main_bench_matrix(args: argparse.Namespace) -> int:
+    """Prompt set x drafter x concurrency -> speedup over plain decoding: payoff control vs static."""
+    from dspark import conditions as run_conditions
+    from dspark.commands.loading import load_inference_target
+    from dspark.data.chat import prompt_ids
+    from dspark.data.prompts import load_prompts
+    from dspark.drafters.registry import build_drafter
+    from dspark.eval.speed_matrix import PAYOFF, goals, speed_matrix
+
+    try:
+        concurrencies = sorted({int(c) for c in args.concurrency.split(",")})
+    except ValueError:
+        raise DsparkError(f"--concurrency takes comma-separated integers, got {args.concurrency!r}") from None
+    if concurrencies[0] < 1:
+        raise DsparkError("--concurrency values must be >= 1")
+    static = [p.strip() for p in args.static.split(",") if p.strip()]
+    sets = {spec.strip(): load_prompts(spec.strip(), args.limit) for spec in args.prompts.split(",")}
+    target = load_inference_target(args.target, args.dtype)
+    ids = {name: [prompt_ids(target.tokenizer, p) for p in prompts] for name, prompts in sets.items()}
+    drafters = {name: build_drafter(name, target) for name in args.drafters.split(",")}
+    if any(d is None for d in drafters.values()):
+        raise DsparkError("--drafters: 'none' is the baseline every cell is measured against; leave it out")
+    conditions = run_conditions.for_target(target)
+
+    def show(cell) -> None:
+        print(
+            f"{cell.prompt_set[-20:]:<20} {cell.drafter:<8} c={cell.concurrency:<3} {cell.method:<8} "
+            f"{cell.speedup:6.3f}x (wall {cell.wall_speedup:.3f}x)  τ {cell.tau:.2f}  "
+            f"drafted {cell.drafted_share:.0%}  "
+            f"identical {cell.identical}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    cells = speed_matrix(
+        target,
+        ids,
+        drafters,
+        concurrencies,
+        max_tokens=args.max_tokens,
+        requests=args.requests,
+        block_size=args.block_size,
+        static=static,
+        progress=show,
+    )
+    check = goals(cells)
+    conditions = conditions.ended()
+    if args.json:
+        payload = {"cells": [vars(c) for c in cells], "goals": check, "conditions": conditions.as_dict()}
+        print(json.dumps(payload, indent=1, default=str))
+    else:
+        by = {(c.prompt_set, c.drafter, c.concurrency, c.method): c for c in cells}
+        head = "".join(f"{f'c={c}':>16}" for c in concurrencies)
+        print("speedup over plain decoding, tokens per CPU-second; in brackets the best static policy")
+        print(f"{'prompt set':<22}{'drafter':<9}{head}")
+        for name, drafter in itertools.product(ids, drafters):
+            row = ""
+            for c in concurrencies:
+                best = max(by[(name, drafter, c, m)].speedup for m in static) if static else float("nan")
+                row += f"{by[(name, drafter, c, PAYOFF)].speedup:>9.2f} ({best:.2f})"
+            print(f"{name[-21:]:<22}{drafter:<9}{row}")
+        print(
+            f"payoff cells: {check['cells']}, min {check['min_speedup']:.3f}x plain; "
+            f"below 0.97x: {len(check['below_floor'])}; below 95% of the best static where it pays: "
+            f"{len(check['below_95pct_of_best_static'])}; greedy identical everywhere: "
+            f"{check['all_identical']}"
+        )
         print(f"run conditions: {conditions.describe()}")
     if conditions.warning():
         print(f"warning: {conditions.warning()}", file=sys.stderr)
@@ -216,9 +332,10 @@ def add_bench_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-cost-aware",
         action="store_true",
-        help="prefix policies: draft whenever the early exit allows, even where drafting costs more "
-        "time than its expected accepted tokens save",
+        help="with --no-payoff-control, prefix policies: draft whenever the early exit allows, even "
+        "where drafting costs more time than its expected accepted tokens save",
     )
+    add_payoff(p)
     p.add_argument("--out", default="runs/bench_serve", help="folder for results.json and the plot")
 
 
@@ -267,6 +384,8 @@ def main_bench_serve(args: argparse.Namespace) -> int:
         block_size=args.block_size,
         max_seq_len=args.max_seq_len,
         cost_aware=not args.no_cost_aware,
+        payoff=not args.no_payoff_control,
+        choose_proposer=not args.no_proposer_choice,
         progress=show,
     )
     out = Path(args.out)

@@ -139,6 +139,7 @@ def eval_config(args: argparse.Namespace, *, baseline: bool):
         template_kwargs=template_kwargs,
         progress=not args.no_progress,
         strict=args.strict,
+        payoff_speed=not getattr(args, "no_payoff_control", False),
     )
 
 
@@ -150,6 +151,13 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     add_decoding_args(p)
     add_target_args(p)
     p.add_argument("--no-baseline", action="store_true", help="skip plain decoding (no speedup figures)")
+    p.add_argument(
+        "--no-payoff-control",
+        action="store_true",
+        help="speed columns from the pass that verifies every draft (default: a second decode of "
+        "each answer under the payoff controller, as the commands serve; the τ tables verify every "
+        "draft either way)",
+    )
     p.add_argument("--out", type=Path, required=True, help="folder for results.json, the plots and report.md")
 
 

@@ -7,7 +7,14 @@ import json
 import sys
 
 from dspark.commands.argtypes import positive_int
-from dspark.commands.options import add_block_size, add_drafter, add_dtype, add_sampling, add_target
+from dspark.commands.options import (
+    add_block_size,
+    add_drafter,
+    add_dtype,
+    add_payoff,
+    add_sampling,
+    add_target,
+)
 
 
 def add_generate_args(p: argparse.ArgumentParser) -> None:
@@ -20,6 +27,7 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
     add_sampling(p)
     p.add_argument("--max-tokens", type=positive_int, default=256, help="most tokens to generate")
     add_block_size(p, help="most drafts verified per round (γ)")
+    add_payoff(p)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--raw", action="store_true", help="do not apply the chat template to the prompt")
     p.add_argument(
@@ -65,9 +73,17 @@ def main_generate(args: argparse.Namespace) -> int:
         sys.stdout.write(stream.push(new))
         sys.stdout.flush()
 
-    # One request through the engine (a KV slot just big enough for it), verifying all γ drafts.
+    # One request through the engine (a KV slot just big enough for it): up to γ drafts per
+    # round, from the proposer the payoff controller picks, or none where drafting does not pay.
     capacity = min(target.max_context, len(prompt_ids) + args.max_tokens)
-    config = EngineConfig(block_size=args.block_size, policy="fixed", max_batch=1, max_seq_len=capacity)
+    config = EngineConfig(
+        block_size=args.block_size,
+        policy="fixed",
+        max_batch=1,
+        max_seq_len=capacity,
+        payoff=not args.no_payoff_control,
+        choose_proposer=not args.no_proposer_choice,
+    )
     engine = Engine(target, drafter, config, decode=decode)
     request = engine.submit(prompt_ids, params, on_tokens=None if args.json else write)
     while engine.has_work():

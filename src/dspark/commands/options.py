@@ -127,3 +127,20 @@ def add_template_kwargs(p: argparse.ArgumentParser) -> None:
 
 def add_no_progress(p: argparse.ArgumentParser, *, help: str = "no progress bar") -> None:
     p.add_argument("--no-progress", action="store_true", help=help)
+
+
+def add_payoff(p: argparse.ArgumentParser) -> None:
+    """``--no-payoff-control`` / ``--no-proposer-choice``: the per-request payoff controller (issue 17)."""
+    p.add_argument(
+        "--no-payoff-control",
+        action="store_true",
+        help="draft every round the early exit allows, even where drafting and verification cost more "
+        "time than the accepted tokens save (default: each request drafts only while its own history "
+        "says it pays at the current batch, probing now and then; lossless either way)",
+    )
+    p.add_argument(
+        "--no-proposer-choice",
+        action="store_true",
+        help="with a model drafter: never fall back to n-gram prompt lookup (default: each request "
+        "drafts with whichever of the two pays for it now, one per round)",
+    )

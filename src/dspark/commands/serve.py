@@ -14,7 +14,7 @@ import socket
 import sys
 
 from dspark.commands.argtypes import non_negative_float, positive_int
-from dspark.commands.options import add_block_size, add_drafter, add_dtype, add_target
+from dspark.commands.options import add_block_size, add_drafter, add_dtype, add_payoff, add_target
 from dspark.errors import DsparkError
 
 logger = logging.getLogger(__name__)
@@ -89,9 +89,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-cost-aware",
         action="store_true",
-        help="prefix policies: draft whenever the early exit allows, even where drafting costs more "
-        "time than its expected accepted tokens save",
+        help="with --no-payoff-control, prefix policies: draft whenever the early exit allows, even "
+        "where drafting costs more time than its expected accepted tokens save",
     )
+    add_payoff(p)
     p.add_argument(
         "--drain-timeout",
         type=non_negative_float,
@@ -125,6 +126,8 @@ def main_serve(args: argparse.Namespace) -> int:
             max_seq_len=args.max_seq_len,
             sps_path=args.sps_profile,
             cost_aware=not args.no_cost_aware,
+            payoff=not args.no_payoff_control,
+            choose_proposer=not args.no_proposer_choice,
         )
     except ValueError as e:
         raise DsparkError(str(e)) from None

@@ -26,6 +26,12 @@ class EngineConfig:
     probe_every: int = 8  # ... but draft at least every this many rounds to refresh the prediction
     cost_aware: bool = True  # SPS policies: skip drafting that would cost more time than it saves
     probe_unprofitable: int = 32  # ... and then probe only every this many rounds
+    # Payoff control (scheduler/payoff.py): per request, draft only when the predicted accepted
+    # tokens repay drafting + verification at this batch, probing now and then; replaces the
+    # early exit and cost-aware drafting. The commands turn it on (--no-payoff-control: off).
+    payoff: bool = False
+    choose_proposer: bool = True  # with payoff: n-gram lookup or the model drafter, per request
+    draft_costs: tuple[tuple[str, float], ...] | None = None  # fixed d_p (s/request) instead of measured
     sps_path: Path | None = None  # SPS profile to load or create; None = the per-target cache file
 
     def __post_init__(self) -> None:
@@ -55,6 +61,9 @@ class EngineStats:
     # not worth drafting (they decode plainly, re-probing every probe_every rounds)
     cost_checked: int = 0
     cost_unprofitable: int = 0
+    # payoff control: rounds drafted by each proposer (the others decoded plainly)
+    ngram_rounds: int = 0
+    model_rounds: int = 0
 
     @property
     def overhead_share(self) -> float:

@@ -8,7 +8,10 @@ One :meth:`Engine.step`:
 3. **draft** for every decoding request, except those the difficulty-aware early exit
    skips (their own history says the first draft would likely be rejected) and, under
    the SPS-driven policies, those whose expected accepted tokens would not repay the
-   drafting and verification time (cost-aware drafting, ``scheduler/drafting.py``);
+   drafting and verification time (cost-aware drafting, ``scheduler/drafting.py``); with
+   ``EngineConfig.payoff`` instead, each request drafts with the proposer (n-gram lookup
+   or the model) its own history says pays most now, or not at all
+   (``scheduler/payoff.py``, ``engine/payoff_drafting.py``);
 4. **schedule**: the policy turns confidences (the drafter's, or the online estimator's)
    into per-request verification lengths ``ℓ_r`` (``scheduler/policies.py``);
 5. **one target forward** over the flattened runs — each decoding request's anchor and
@@ -39,6 +42,7 @@ from torch import Tensor
 from dspark.decoding.stopping import cut_round
 from dspark.engine.config import DEFAULT_MAX_SEQ_LEN, EngineConfig, EngineStats
 from dspark.engine.kv import KVMemory
+from dspark.engine.payoff_drafting import PayoffDrafting
 from dspark.engine.profile import load_or_profile
 from dspark.engine.requests import OnTokens, Request, RequestFailedError, TokenEvent
 from dspark.errors import DsparkError, PromptTooLongError
@@ -87,7 +91,7 @@ class Engine:
             "KV memory: %d slots x %d tokens = %.1f MB", config.max_batch, capacity, store.nbytes / 2**20
         )
         self.kv = KVMemory(store)
-        if sps is None and self.policy.needs_sps and drafter is not None:
+        if sps is None and (self.policy.needs_sps or config.payoff) and drafter is not None:
             sps = load_or_profile(target, store, block_size=config.block_size, path=config.sps_path)
         self.sps = sps
         if decode is None and target.tokenizer is not None:
@@ -106,6 +110,17 @@ class Engine:
         self._step_index = 0  # never reset (stats may be), for prefix-async's stale confidences
         self._draft_s_per_request: float | None = None  # EMA of drafting seconds per drafted request
         self._told_unprofitable = False  # logged once that cost-aware drafting stopped drafting
+        self.payoff = None  # per-request proposer choice (engine/payoff_drafting.py)
+        self._payoff_caps: dict[int, int] = {}  # this step's ℓ per drafting request
+        if config.payoff and drafter is not None:
+            self.payoff = PayoffDrafting(
+                drafter,
+                target.vocab_size,
+                config.block_size,
+                self.sps,
+                choose_proposer=config.choose_proposer,
+                draft_costs=dict(config.draft_costs) if config.draft_costs is not None else None,
+            )
 
     # -- public API ---------------------------------------------------------------------
 
@@ -132,6 +147,7 @@ class Engine:
                 generator=torch.Generator().manual_seed(params.seed) if params.seed is not None else None,
                 on_tokens=on_tokens,
                 predictor=FirstAcceptPredictor(estimate=self.estimator.config.prior),
+                payoff=self.payoff.controller() if self.payoff is not None else None,
             )
         )
         return rid
@@ -296,6 +312,8 @@ class Engine:
     def _draft(self, decoding: list[Request]) -> tuple[DraftBlock, dict[int, int]]:
         """Propose for the requests that draft this step; ``drafting`` maps request id -> block row."""
         K = self.config.block_size
+        if self.payoff is not None and K > 0:
+            return self._payoff_draft(decoding, K)
         pays = self._drafting_pays(decoding)
         chosen = [
             r
@@ -321,6 +339,26 @@ class Engine:
         prev = self._draft_s_per_request
         self._draft_s_per_request = per_request if prev is None else 0.9 * prev + 0.1 * per_request
         block, chosen = self._drop_non_finite(block, chosen)
+        self.stats.drafted += int(block.lengths.sum())
+        return block, {r.id: i for i, r in enumerate(chosen)}
+
+    def _payoff_draft(self, decoding: list[Request], K: int) -> tuple[DraftBlock, dict[int, int]]:
+        """Payoff control: each request drafts with the proposer that pays, or not at all."""
+        started = time.perf_counter()
+        choices, lookups = self.payoff.plan(decoding, K)
+        for req, choice in zip(decoding, choices):
+            req.proposer = choice.proposer
+        self.stats.cost_checked += len(choices)
+        self.stats.cost_unprofitable += sum(c.proposer is None for c in choices)
+        self.stats.ngram_rounds += sum(c.proposer == "ngram" for c in choices)
+        self.stats.model_rounds += sum(c.proposer == "model" for c in choices)
+        peaks = lambda probs: self.estimator.predict(peak_features(probs))  # noqa: E731
+        block, chosen, caps = self.payoff.propose(decoding, choices, lookups, K, peaks)
+        self.stats.draft_s += time.perf_counter() - started
+        if not chosen:
+            return DraftBlock.empty(0, self.target.vocab_size), {}
+        block, chosen = self._drop_non_finite(block, chosen)
+        self._payoff_caps = caps
         self.stats.drafted += int(block.lengths.sum())
         return block, {r.id: i for i, r in enumerate(chosen)}
 
@@ -358,6 +396,9 @@ class Engine:
         budget = torch.tensor([max(r.draft_budget, 0) for r in decoding]).clamp(max=K)  # [R]
         caps = torch.zeros(R, dtype=torch.long)
         caps[has] = torch.minimum(block.lengths.cpu()[rows[has]], budget[has])
+        if self.payoff is not None:  # the controller's ℓ, chosen from history before drafting
+            chosen = torch.tensor([self._payoff_caps.get(r.id, 0) for r in decoding])
+            caps = torch.minimum(caps, chosen)
         if not self.policy.needs_confidences:
             return schedule(self.policy, caps)
         conf = block.confidences
@@ -443,13 +484,16 @@ class Engine:
             req.generated += cut.tokens
             req.state.token_ids += cut.tokens
             req.rounds.append(RoundLog(proposed=n, accepted=accepted, emitted=len(cut.tokens)))
+            if self.payoff is not None:
+                self.payoff.observe(req, n, accepted, req.proposer if req.id in drafting else None)
+                self.payoff.after_commit(req)
             self.stats.emitted += len(cut.tokens)
             events.append(TokenEvent(req.id, cut.tokens, cut.finish_reason))
             if req.on_tokens is not None and cut.tokens:
                 req.on_tokens(cut.tokens)
             if cut.finish_reason is not None:
                 finished.append((req, cut))
-            elif self.drafter is not None:
+            elif self.drafter is not None and (self.payoff is None or self.payoff.needs_update(req)):
                 update_started = time.perf_counter()
                 self.drafter.update(req.state, accepted, new_features)
                 self.stats.update_s += time.perf_counter() - update_started

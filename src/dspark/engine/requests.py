@@ -18,6 +18,7 @@ from torch import Tensor
 from dspark.errors import DsparkError
 from dspark.protocols import GenerationResult, RoundLog, SamplingParams, SequenceState
 from dspark.scheduler import FirstAcceptPredictor
+from dspark.scheduler.payoff import PayoffController
 
 OnTokens = Callable[[list[int]], None]
 
@@ -76,6 +77,11 @@ class Request:
     rounds: list[RoundLog] = field(default_factory=list)
     # (step index, confidences [K]) of the last few drafting rounds, for prefix-async
     confidence_history: deque = field(default_factory=lambda: deque(maxlen=4))
+    # payoff control (engine/payoff_drafting.py): the request's controller, its pending n-gram
+    # shadow proposal (generated count when made, tokens), and this round's proposer
+    payoff: PayoffController | None = None
+    shadow: tuple[int, list[int]] | None = None
+    proposer: str | None = None
     finish_reason: str | None = None
     text: str | None = None
     error: str | None = None  # why the engine failed it (finish_reason "error")

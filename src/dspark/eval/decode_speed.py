@@ -77,11 +77,24 @@ class DecodeBenchResult:
 
 
 def batch1_engine(
-    target: TargetAdapter, drafter: Drafter | None, policy: str, *, block_size: int, max_seq_len: int = 1024
+    target: TargetAdapter,
+    drafter: Drafter | None,
+    policy: str,
+    *,
+    block_size: int,
+    max_seq_len: int = 1024,
+    payoff: bool = True,
+    choose_proposer: bool = True,
 ) -> Engine:
-    """An engine with one KV slot serving ``drafter`` under ``policy`` (SPS profile loaded or measured)."""
+    """An engine with one KV slot serving ``drafter`` under ``policy`` (SPS profile loaded or measured),
+    with the payoff controller unless ``payoff`` is off."""
     config = EngineConfig(
-        block_size=block_size, policy=policy, max_batch=1, max_seq_len=min(max_seq_len, target.max_context)
+        block_size=block_size,
+        policy=policy,
+        max_batch=1,
+        max_seq_len=min(max_seq_len, target.max_context),
+        payoff=payoff,
+        choose_proposer=choose_proposer,
     )
     return Engine(target, drafter, config)
 

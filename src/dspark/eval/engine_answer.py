@@ -76,3 +76,17 @@ def engine_answer(
             block = DraftBlock(torch.zeros(1, k, dtype=torch.long), torch.tensor([k]), None, conf[None, :k])
             recorder(block, round_.accepted)
     return EngineAnswer(result, recorder.rounds(block_size))
+
+
+def payoff_answer(
+    target: TargetAdapter, drafter: Drafter, prompt_ids: list[int], params: SamplingParams, *, block_size: int
+) -> GenerationResult:
+    """Decode ``prompt_ids`` alone as the commands do: under the payoff controller (issue 17).
+
+    The slot holds at least 512 tokens, so prompts of different lengths share one SPS profile.
+    """
+    capacity = min(target.max_context, max(len(prompt_ids) + params.max_tokens, 512))
+    config = EngineConfig(
+        block_size=block_size, policy="fixed", max_batch=1, max_seq_len=capacity, payoff=True
+    )
+    return Engine(target, drafter, config).generate([prompt_ids], params)[0]

@@ -10,8 +10,11 @@ get the static threshold sweep of paper Fig. 5, and their rounds are kept for
 calibration (:mod:`dspark.calibration`).
 
 Every answer, the plain target's too, runs through the engine (SPEC §10) as a request
-alone that verifies every draft (:mod:`dspark.eval.engine_answer`), so tokens/s are the
-engine's and greedy answers are those of the batch-1 reference loop.
+alone that verifies every draft (:mod:`dspark.eval.engine_answer`): the τ and acceptance
+tables measure the drafter, and greedy answers are those of the batch-1 reference loop.
+The speed columns (tokens/s, speedup) come from a second decode of the same request
+under the payoff controller, as every command serves it (``payoff_speed``; off: from the
+verify-everything pass).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from dspark.data.chat import chat_prompt_ids, first_turn_messages
 from dspark.data.prompts import Prompt
 from dspark.errors import DsparkError
 from dspark.eval.benchmarks import Benchmark
-from dspark.eval.engine_answer import engine_answer
+from dspark.eval.engine_answer import engine_answer, payoff_answer
 from dspark.eval.metrics import acceptance_stats, macro_average, mean_defined
 from dspark.protocols import Drafter, RoundLog, SamplingParams
 from dspark.targets import TargetAdapter
@@ -57,6 +60,7 @@ class EvalConfig:
     template_kwargs: Mapping = field(default_factory=dict)  # passed to the chat template (SPEC §7.4)
     progress: bool = True
     strict: bool = False  # a prompt that does not fit the context is an error instead of skipped
+    payoff_speed: bool = True  # speed columns from a decode under payoff control (issue 17)
 
 
 @dataclass(frozen=True)
@@ -176,8 +180,11 @@ def _answer(
         answer = engine_answer(target, drafter, ids, params, block_size=block_size, group=index)
         result = answer.result
         tally.rounds += result.rounds
-        tally.tokens += len(result.token_ids)
-        tally.seconds += result.seconds
+        timed = result
+        if config.payoff_speed and drafter is not None:
+            timed = payoff_answer(target, drafter, ids, params, block_size=block_size)
+        tally.tokens += len(timed.token_ids)
+        tally.seconds += timed.seconds
         if answer.confidence.num_rounds:
             tally.confidence.append(answer.confidence)
         messages.append({"role": "assistant", "content": result.text})

@@ -11,6 +11,15 @@ from dspark.scheduler.confidence_estimator import (
     peak_features,
 )
 from dspark.scheduler.drafting import drafting_pays, marginal_token_s
+from dspark.scheduler.payoff import (
+    AcceptanceRecord,
+    Choice,
+    PayoffConfig,
+    PayoffController,
+    RoundCosts,
+    best_length,
+    shadow_outcome,
+)
 from dspark.scheduler.policies import (
     POLICIES,
     Policy,
@@ -29,6 +38,13 @@ from dspark.scheduler.policies import (
 from dspark.scheduler.profile import SpsTable, default_sizes, measure_sps
 
 __all__ = [
+    "AcceptanceRecord",
+    "Choice",
+    "PayoffConfig",
+    "PayoffController",
+    "RoundCosts",
+    "best_length",
+    "shadow_outcome",
     "ConfidenceEstimator",
     "EstimatorConfig",
     "FirstAcceptPredictor",

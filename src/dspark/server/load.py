@@ -109,6 +109,8 @@ def bench_serve(
     sps: SpsTable | None = None,
     sps_path: Path | None = None,
     cost_aware: bool = True,
+    payoff: bool = True,
+    choose_proposer: bool = True,
     progress: Callable[[LoadPoint], None] | None = None,
 ) -> list[LoadPoint]:
     """Every policy at every concurrency (see the module docstring); policy ``none`` = plain decoding.
@@ -118,7 +120,7 @@ def bench_serve(
     starts from the same prompts. The engine has ``max(concurrencies)`` KV slots, so no
     request ever waits for one.
     """
-    if sps is None and drafter is not None and any(p.startswith("prefix") for p in policies):
+    if sps is None and drafter is not None and (payoff or any(p.startswith("prefix") for p in policies)):
         # One profile for every engine (loaded from sps_path or the per-target cache when there).
         capacity = min(max_seq_len, target.max_context)
         store = KVStore.for_target(target, num_slots=max(concurrencies), capacity=capacity)
@@ -131,6 +133,8 @@ def bench_serve(
             max_batch=max(concurrencies),
             max_seq_len=max_seq_len,
             cost_aware=cost_aware,
+            payoff=payoff,
+            choose_proposer=choose_proposer,
         )
         worker = EngineWorker(Engine(target, None if policy == PLAIN else drafter, config, sps=sps))
         app = create_app(worker, "bench", max_queue=max(concurrencies))

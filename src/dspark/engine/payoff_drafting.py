@@ -1,0 +1,234 @@
+"""The engine side of payoff control: which proposer drafts for which request this round (issue 17).
+
+The decision itself is :class:`~dspark.scheduler.payoff.PayoffController` (pure, per
+request); this module feeds it the round's costs (SPS table, measured drafting seconds
+per proposer), runs the n-gram lookup for every decoding request (free information: it
+bounds what the n-gram can propose now and is the proposal its shadow evaluation checks
+later), calls each chosen proposer once for the requests that chose it, and merges the
+parts into one :class:`~dspark.protocols.DraftBlock` in the order of the drafting
+requests. One proposer per request per round: each row of the merged block is exactly
+what one proposer would have drafted alone, so verification keeps the target's
+distribution.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+import numpy as np
+import torch
+
+from dspark.drafters.ngram import NgramConfig, NgramDrafter, lookup
+from dspark.protocols import DraftBlock, Drafter
+from dspark.scheduler import SpsTable
+from dspark.scheduler.payoff import (
+    AcceptanceRecord,
+    Choice,
+    PayoffConfig,
+    PayoffController,
+    RoundCosts,
+    shadow_outcome,
+)
+
+POOL_MEMORY = 0.99  # per pooled observation
+SHADOW_EVERY = 4  # tokens between n-gram lookups while the n-gram does not pay
+
+NGRAM, MODEL = "ngram", "model"
+
+
+class PayoffDrafting:
+    """Per-round proposer choice for an engine; ``draft_costs`` fixes d_p instead of measuring it."""
+
+    def __init__(
+        self,
+        drafter: Drafter,
+        vocab_size: int,
+        block_size: int,
+        sps: SpsTable,
+        *,
+        choose_proposer: bool = True,
+        config: PayoffConfig | None = None,
+        draft_costs: Mapping[str, float] | None = None,
+    ) -> None:
+        is_ngram = isinstance(drafter, NgramDrafter)
+        self.model = None if is_ngram else drafter
+        if is_ngram:
+            self.ngram: NgramDrafter | None = drafter
+        elif choose_proposer:
+            self.ngram = NgramDrafter(vocab_size, NgramConfig(block_size=max(block_size, 1)))
+        else:
+            self.ngram = None
+        self.vocab_size, self.block_size, self.sps = vocab_size, block_size, sps
+        self.config = config or PayoffConfig()
+        self.fixed_costs = dict(draft_costs) if draft_costs is not None else None
+        self.draft_s: dict[str, float] = {}  # EMA of drafting seconds per request, per proposer
+        self.lazy_update = hasattr(self.model, "sync_context")
+        # Every request's outcomes pooled per proposer, slowly forgotten: the prior a request's
+        # own rates shrink to (a new request starts from what the others saw, not from 0.5).
+        self.pooled: dict[str, AcceptanceRecord] = {}
+
+    def controller(self) -> PayoffController:
+        return PayoffController(config=self.config)
+
+    def costs(self, num_requests: int) -> RoundCosts:
+        R = max(num_requests, 1)
+        draft_s = self.fixed_costs if self.fixed_costs is not None else self.draft_s
+        return RoundCosts(
+            verify_s=verify_costs(self.sps, R, self.block_size), tokens_per_s=R * self.sps(R), draft_s=draft_s
+        )
+
+    def _measured(self, name: str, seconds: float, count: int) -> None:
+        if count:
+            per = seconds / count
+            prev = self.draft_s.get(name)
+            self.draft_s[name] = per if prev is None else 0.9 * prev + 0.1 * per
+
+    def plan(self, decoding: list, K: int) -> tuple[list[Choice], dict[int, list[int]]]:
+        """Every decoding request's choice this round, and the n-gram lookups (request id -> tokens)."""
+        lookups: dict[int, list[int]] = {}
+        costs = self.costs(len(decoding))
+        priors = {name: record.rates(self.config) for name, record in self.pooled.items()}
+        if self.ngram is not None:
+            started = time.perf_counter()
+            c = self.ngram.config
+            for req in decoding:
+                n = min(K, max(req.draft_budget, 0))
+                # While even a full block would not pay, look up only to refresh the shadow
+                # evidence, every SHADOW_EVERY tokens: a lookup per request per step is not free.
+                hopeless = n > 0 and req.payoff.gains({NGRAM: n}, costs, priors)[NGRAM][0] <= 0
+                due = req.shadow is None and len(req.generated) % SHADOW_EVERY == 0
+                skip = n == 0 or (hopeless and not due)
+                lookups[req.id] = [] if skip else lookup(np.asarray(req.state.token_ids), n, c.min_n, c.max_n)
+            self._measured(NGRAM, time.perf_counter() - started, len(decoding))
+        choices = []
+        for req in decoding:
+            caps = {}
+            budget = min(K, max(req.draft_budget, 0))
+            if self.ngram is not None:
+                caps[NGRAM] = len(lookups[req.id])
+            if self.model is not None:
+                # Until some request's outcome with the model is in the pool, one request at a
+                # time tries it: its first proposal is the costly one (the whole prompt's context).
+                untried = MODEL not in self.pooled and any(c.proposer == MODEL for c in choices)
+                caps[MODEL] = 0 if untried else budget
+            choice = req.payoff.decide(caps, costs, shadowed=(NGRAM,), priors=priors)
+            if choice.proposer != NGRAM and lookups.get(req.id) and req.shadow is None:
+                req.shadow = (len(req.generated), lookups[req.id])  # checked against what it emits
+            if choice.proposer == NGRAM:
+                req.shadow = None  # this round observes the n-gram for real
+            choices.append(choice)
+        return choices, lookups
+
+    def propose(
+        self,
+        decoding: list,
+        choices: list[Choice],
+        lookups: dict[int, list[int]],
+        K: int,
+        fill_confidences: Callable[[torch.Tensor], torch.Tensor],
+    ) -> tuple[DraftBlock, list, dict[int, int]]:
+        """One merged block over the drafting requests: ``(block, drafting requests, caps by id)``.
+
+        ``fill_confidences`` maps draft distributions ``[n, K, V]`` to confidences
+        ``[n, K]`` for the n-gram rows when the model reports its own.
+        """
+        by_model = [r for r, c in zip(decoding, choices) if c.proposer == MODEL]
+        by_ngram = [r for r, c in zip(decoding, choices) if c.proposer == NGRAM]
+        caps = {r.id: c.length for r, c in zip(decoding, choices) if c.proposer is not None}
+        parts: list[tuple[list, DraftBlock]] = []
+        if by_model:
+            started = time.perf_counter()
+            # Always γ drafts, capped per request: a seeded request draws the same drafter randomness.
+            parts.append(
+                (by_model, self.model.propose([r.state for r in by_model], K, [r.params for r in by_model]))
+            )
+            self._measured(MODEL, time.perf_counter() - started, len(by_model))
+        if by_ngram:
+            tokens = torch.zeros(len(by_ngram), K, dtype=torch.long)  # [n, K]
+            lengths = torch.zeros(len(by_ngram), dtype=torch.long)  # [n]
+            for i, req in enumerate(by_ngram):
+                found = lookups[req.id][:K]
+                tokens[i, : len(found)] = torch.tensor(found, dtype=torch.long)
+                lengths[i] = len(found)
+            probs = torch.zeros(len(by_ngram), K, self.vocab_size)  # [n, K, V] one-hot
+            probs.scatter_(-1, tokens.unsqueeze(-1), 1.0)
+            parts.append((by_ngram, DraftBlock(tokens=tokens, lengths=lengths, probs=probs)))
+        return (
+            merge_blocks(parts, K, self.vocab_size, fill_confidences),
+            [r for rs, _ in parts for r in rs],
+            caps,
+        )
+
+    def needs_update(self, req) -> bool:
+        """Tell the model drafter about this round now? A drafter that catches up from
+        ``state.features`` when it next proposes (``sync_context``) is told only after its own
+        rounds, so rounds it did not draft cost it nothing."""
+        return req.proposer == MODEL or not self.lazy_update
+
+    def observe(self, req, verified: int, accepted: int, proposer: str | None) -> None:
+        if proposer is not None and verified > 0:
+            self._observe(req, proposer, verified, accepted)
+
+    def _observe(self, req, proposer: str, verified: int, accepted: int) -> None:
+        req.payoff.observe(proposer, verified, accepted)
+        self.pooled.setdefault(proposer, AcceptanceRecord()).observe(verified, accepted, POOL_MEMORY)
+
+    def after_commit(self, req) -> None:
+        """Resolve the request's pending n-gram shadow proposal against the tokens it emitted."""
+        if req.shadow is None:
+            return
+        start, proposal = req.shadow
+        outcome = shadow_outcome(proposal, req.generated[start:])
+        if outcome is not None:
+            self._observe(req, NGRAM, *outcome)
+            req.shadow = None
+
+
+def verify_costs(sps: SpsTable, num_requests: int, K: int) -> tuple[float, ...]:
+    """``v(ℓ)``, ℓ = 0..K: seconds per request that verifying ℓ drafts each adds to a step of R requests."""
+    R = num_requests
+    base = 1.0 / sps(R)
+    return tuple((1.0 / sps(R + R * ell) - base) / R for ell in range(K + 1))
+
+
+def merge_blocks(
+    parts: list[tuple[list, DraftBlock]],
+    K: int,
+    vocab_size: int,
+    fill_confidences: Callable[[torch.Tensor], torch.Tensor],
+) -> DraftBlock:
+    """Rows of every part, in order, padded to K drafts; confidences kept iff some part has them."""
+    parts = [(reqs, b) for reqs, b in parts if reqs]
+    if not parts:
+        return DraftBlock.empty(0, vocab_size)
+    if len(parts) == 1 and parts[0][1].max_len == K:
+        return parts[0][1]
+    ref = next(b.probs for _, b in parts if b.probs is not None and b.max_len > 0)
+    tokens, lengths, probs, confs = [], [], [], []
+    with_conf = any(b.confidences is not None for _, b in parts)
+    for _, b in parts:
+        n, k = b.tokens.shape
+        t = torch.zeros(n, K, dtype=torch.long)
+        t[:, :k] = b.tokens.cpu()
+        p = ref.new_zeros(n, K, ref.shape[-1])  # [n, K, V]
+        if k:
+            p[:, :k] = b.probs.to(p)
+        tokens.append(t)
+        lengths.append(b.lengths.cpu().clamp(max=K))
+        probs.append(p)
+        if with_conf:
+            c = (
+                b.confidences.cpu().float()
+                if b.confidences is not None
+                else fill_confidences(p).cpu().float()
+            )
+            cc = torch.zeros(n, K)
+            cc[:, : c.shape[1]] = c[:, :K]
+            confs.append(cc)
+    return DraftBlock(
+        tokens=torch.cat(tokens),
+        lengths=torch.cat(lengths),
+        probs=torch.cat(probs),
+        confidences=torch.cat(confs) if with_conf else None,
+    )

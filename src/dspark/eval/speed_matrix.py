@@ -1,0 +1,147 @@
+"""The speedup matrix: prompt set x drafter x concurrency -> tokens/s over plain decoding (issue 17).
+
+For every prompt set and concurrency c, the same ``max(c, requests)`` greedy requests are
+decoded as one continuous batch of c KV slots by plain decoding, then by every drafter
+under the payoff controller (the default of every command) and under each static policy
+(every round drafts, ``fixed`` / ``fixed:k``; no payoff control), all in the same
+process, so each figure is a ratio against a baseline measured minutes earlier on the
+same machine. Greedy outputs are compared with plain decoding's (losslessness).
+
+Speeds are tokens per CPU-second of this process (``time.process_time``; run with one
+thread): on a shared machine wall time mostly measures the other jobs. The wall-clock
+ratio is kept beside it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from dspark.engine import Engine, EngineConfig
+from dspark.protocols import Drafter, SamplingParams
+from dspark.targets import TargetAdapter
+
+PAYOFF = "payoff"
+PLAIN = "plain"
+
+
+@dataclass(frozen=True)
+class Cell:
+    prompt_set: str
+    drafter: str
+    concurrency: int
+    method: str  # PAYOFF or a static policy
+    tokens_per_s: float  # per CPU-second
+    speedup: float  # over plain decoding of the same requests at the same concurrency, per CPU-second
+    wall_speedup: float  # the same in wall-clock time
+    tau: float
+    drafted_share: float  # decode rounds that drafted
+    identical: bool  # greedy output equal to plain decoding's
+
+
+@dataclass(frozen=True)
+class _Run:
+    seconds: float  # CPU
+    wall_s: float
+    tokens: int
+    outputs: list[list[int]]
+    tau: float
+    drafted_share: float
+
+
+def _decode(engine: Engine, prompts: list[list[int]], max_tokens: int) -> _Run:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    engine.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
+    engine.stats = type(engine.stats)()
+    started, cpu_started = time.perf_counter(), time.process_time()
+    results = engine.generate(prompts, params)
+    seconds, wall_s = time.process_time() - cpu_started, time.perf_counter() - started
+    s = engine.stats
+    drafted = sum(1 for res in results for r in res.rounds if r.proposed > 0)
+    rounds = sum(len(res.rounds) for res in results)
+    return _Run(
+        seconds=seconds,
+        wall_s=wall_s,
+        tokens=sum(len(r.token_ids) for r in results),
+        outputs=[r.token_ids for r in results],
+        tau=s.tau,
+        drafted_share=drafted / rounds if rounds else 0.0,
+    )
+
+
+def speed_matrix(
+    target: TargetAdapter,
+    prompt_sets: dict[str, list[list[int]]],
+    drafters: dict[str, Drafter],
+    concurrencies: Sequence[int],
+    *,
+    max_tokens: int = 32,
+    requests: int = 4,
+    block_size: int = 7,
+    static: Sequence[str] = ("fixed",),
+    max_seq_len: int = 512,
+    progress: Callable[[Cell], None] | None = None,
+) -> list[Cell]:
+    """Every cell of the matrix (see the module docstring); prompts are token ids."""
+    cells = []
+    for (name, ids), c in itertools.product(prompt_sets.items(), concurrencies):
+        prompts = list(itertools.islice(itertools.cycle(ids), max(c, requests)))
+        seq_len = min(target.max_context, max(max_seq_len, max(map(len, prompts)) + max_tokens + 1))
+
+        def engine(drafter: Drafter | None, policy: str, payoff: bool, c: int = c, seq_len: int = seq_len):
+            config = EngineConfig(
+                block_size=block_size, policy=policy, max_batch=c, max_seq_len=seq_len, payoff=payoff
+            )
+            return Engine(target, drafter, config)
+
+        plain = _decode(engine(None, "fixed", False), prompts, max_tokens)
+        plain_tps = plain.tokens / plain.seconds
+        for drafter_name, drafter in drafters.items():
+            for method in (PAYOFF, *static):
+                run = _decode(
+                    engine(drafter, "fixed" if method == PAYOFF else method, method == PAYOFF),
+                    prompts,
+                    max_tokens,
+                )
+                tps = run.tokens / run.seconds
+                cell = Cell(
+                    prompt_set=name,
+                    drafter=drafter_name,
+                    concurrency=c,
+                    method=method,
+                    tokens_per_s=tps,
+                    speedup=tps / plain_tps,
+                    wall_speedup=plain.wall_s / run.wall_s * run.tokens / plain.tokens,
+                    tau=run.tau,
+                    drafted_share=run.drafted_share,
+                    identical=run.outputs == plain.outputs,
+                )
+                cells.append(cell)
+                if progress is not None:
+                    progress(cell)
+    return cells
+
+
+def goals(cells: list[Cell], *, floor: float = 0.97, keep: float = 0.95) -> dict:
+    """Issue 17's goals over the payoff cells: every speedup >= ``floor``, and >= ``keep`` of
+    the best static policy's where that one is above 1 (speculation pays)."""
+    payoff = {(c.prompt_set, c.drafter, c.concurrency): c for c in cells if c.method == PAYOFF}
+    below_floor, below_keep = [], []
+    for key, cell in payoff.items():
+        static = [
+            c.speedup for c in cells if c.method != PAYOFF and (c.prompt_set, c.drafter, c.concurrency) == key
+        ]
+        best = max(static, default=0.0)
+        if cell.speedup < floor:
+            below_floor.append(key)
+        if best > 1.0 and cell.speedup < keep * best:
+            below_keep.append(key)
+    return {
+        "cells": len(payoff),
+        "min_speedup": min((c.speedup for c in payoff.values()), default=None),
+        "below_floor": below_floor,
+        "below_95pct_of_best_static": below_keep,
+        "all_identical": all(c.identical for c in cells),
+    }

@@ -1,0 +1,202 @@
+"""Per-request payoff control: draft only when it pays, with the proposer that pays most (SPEC §9, issue 17).
+
+Each round, before anything is drafted, request r picks a proposer ``p`` (n-gram lookup,
+the model drafter, or none = plain decoding) and a verification cap ``ℓ``, maximising the
+predicted net gain
+
+    G_r(p, ℓ) = E_{r,p}(ℓ) − ρ · (d_p + v(ℓ)),    E_{r,p}(ℓ) = e_{r,p} Σ_{k<ℓ} q_{r,p}^k
+
+where ``e_{r,p}`` is the request's own rate of first-draft acceptance with that proposer
+and ``q_{r,p}`` its rate of acceptance of a later draft given the previous one was
+accepted (decayed counts, shrunk to a prior), ``d_p`` the measured drafting seconds per
+request, ``v(ℓ)`` the target seconds that verifying ℓ more tokens per request adds to
+the step at this batch (from the SPS table: ``(t(R + Rℓ) − t(R)) / R`` for R requests)
+and ``ρ`` the tokens per second plain decoding makes at this batch: the right-hand side
+is what the same time would have produced without speculation. It drafts iff the best
+``G > 0``, verifying the best ℓ.
+
+When nothing pays, the request decodes plainly and *probes* every ``interval`` rounds
+(a short verification with the most promising proposer; also while only the free n-gram
+pays, so that a model drafter that would pay more is found), the interval doubling after
+each probe that does not change the verdict, so a request whose text turns predictable
+is picked up again at a bounded cost. A deterministic proposer (n-gram lookup) needs no
+probes: its proposal made at some round is compared afterwards with the tokens the
+request actually emitted (:func:`shadow_outcome`). Those tokens have the target's
+distribution whatever produced them, so "the emitted token equals the proposed one"
+happens with probability ``p_t(x)``, exactly the acceptance probability of a one-hot
+draft: an unbiased, free observation of the n-gram's acceptance.
+
+Lossless: every choice reads only the history (past outcomes, timings, and the n-gram's
+proposal, itself a function of the history), never a draft it admits (the
+non-anticipating rule of ``scheduler/policies.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, kw_only=True)
+class PayoffConfig:
+    prior_first: float = 0.5  # e assumed before any evidence: optimistic, so every proposer is tried
+    prior_later: float = 0.7  # q assumed before any evidence
+    prior_strength: float = 0.5  # pseudo-rounds behind the priors
+    memory: float = 0.9  # weight of the past per observed round (~10 rounds): texts change character
+    probe_every: int = 8  # rounds of plain decoding before the first probe
+    probe_max: int = 64  # the probe interval doubles up to this
+    probe_length: int = 2  # drafts verified by a probe
+    margin: float = 1.0  # draft only when the predicted gain beats its cost by this factor
+
+    def __post_init__(self) -> None:
+        ok = 0 <= self.prior_first <= 1 and 0 <= self.prior_later <= 1 and 0 <= self.memory < 1
+        if not (ok and self.probe_every >= 1 and self.probe_max >= self.probe_every and self.margin > 0):
+            raise ValueError(f"bad payoff config {self}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoundCosts:
+    """Seconds a round costs at the current batch; see the module docstring."""
+
+    verify_s: tuple[float, ...]  # v(ℓ), ℓ = 0..K: seconds verifying ℓ drafts per request adds
+    tokens_per_s: float  # ρ: plain decoding's rate at this batch (all requests together)
+    draft_s: Mapping[str, float]  # d_p: drafting seconds per request, per proposer
+
+
+@dataclass
+class AcceptanceRecord:
+    """Decayed counts of one request's verified outcomes with one proposer."""
+
+    first_tested: float = 0.0
+    first_accepted: float = 0.0
+    later_tested: float = 0.0
+    later_accepted: float = 0.0
+
+    def observe(self, verified: int, accepted: int, memory: float) -> None:
+        """A round that verified ``verified`` drafts and accepted the first ``accepted``."""
+        if verified <= 0:
+            return
+        # Position k >= 2 is tested iff drafts 1..k-1 were accepted, accepted iff draft k is too.
+        later_tested = max(0, min(accepted + 1, verified) - 1)
+        later_accepted = max(0, accepted - 1)
+        self.first_tested = memory * self.first_tested + 1.0
+        self.first_accepted = memory * self.first_accepted + float(accepted > 0)
+        if later_tested:
+            w = memory**later_tested
+            self.later_tested = w * self.later_tested + later_tested
+            self.later_accepted = w * self.later_accepted + later_accepted
+
+    def rates(self, config: PayoffConfig, prior: tuple[float, float] | None = None) -> tuple[float, float]:
+        """``(e, q)``: first-draft and conditional later-draft acceptance, shrunk to ``prior``
+        (default: the config's priors)."""
+        s = config.prior_strength
+        e0, q0 = prior if prior is not None else (config.prior_first, config.prior_later)
+        e = (self.first_accepted + s * e0) / (self.first_tested + s)
+        q = (self.later_accepted + s * q0) / (self.later_tested + s)
+        return e, q
+
+
+def expected_accepted(e: float, q: float, length: int) -> float:
+    """``E(ℓ) = e Σ_{k<ℓ} q^k``: expected accepted drafts when ``ℓ`` are verified."""
+    return sum(e * q**k for k in range(max(length, 0)))
+
+
+def best_length(
+    e: float, q: float, cap: int, *, draft_s: float, costs: RoundCosts, margin: float = 1.0
+) -> tuple[float, int]:
+    """``(G, ℓ)``: the best net gain in tokens over ``ℓ = 1..cap`` (``(-inf, 0)`` when ``cap < 1``)."""
+    cap = min(cap, len(costs.verify_s) - 1)
+    if cap < 1:
+        return float("-inf"), 0
+    rho = costs.tokens_per_s
+    gain, best, best_ell = 0.0, float("-inf"), 0
+    for k in range(cap):
+        gain += e * q**k / margin  # expected accepted drafts when verifying k + 1
+        net = gain - rho * costs.verify_s[k + 1]
+        if net > best:
+            best, best_ell = net, k + 1
+    return best - rho * draft_s, best_ell
+
+
+@dataclass(frozen=True)
+class Choice:
+    """This round's decision for one request: ``proposer`` None = decode plainly."""
+
+    proposer: str | None
+    length: int = 0  # verification cap ℓ
+    probe: bool = False
+
+
+@dataclass
+class PayoffController:
+    """One request's payoff state: an acceptance record per proposer and the probe clock."""
+
+    config: PayoffConfig = field(default_factory=PayoffConfig)
+    records: dict[str, AcceptanceRecord] = field(default_factory=dict)
+    skipped: int = 0  # consecutive rounds without drafting
+    interval: int = 0  # rounds between probes now (0 = config.probe_every)
+
+    def record(self, proposer: str) -> AcceptanceRecord:
+        return self.records.setdefault(proposer, AcceptanceRecord())
+
+    def gains(
+        self,
+        caps: Mapping[str, int],
+        costs: RoundCosts,
+        priors: Mapping[str, tuple[float, float]] | None = None,
+    ) -> dict[str, tuple[float, int]]:
+        """``{proposer: (G, ℓ)}`` for every proposer that can propose (``caps[p] >= 1``)."""
+        out = {}
+        for name, cap in caps.items():
+            if cap >= 1:
+                e, q = self.record(name).rates(self.config, (priors or {}).get(name))
+                out[name] = best_length(
+                    e, q, cap, draft_s=costs.draft_s.get(name, 0.0), costs=costs, margin=self.config.margin
+                )
+        return out
+
+    def decide(
+        self,
+        caps: Mapping[str, int],
+        costs: RoundCosts,
+        *,
+        shadowed: Sequence[str] = (),
+        priors: Mapping[str, tuple[float, float]] | None = None,
+    ) -> Choice:
+        """This round's proposer and cap. ``caps``: most drafts each proposer can offer now;
+        ``shadowed``: proposers observed for free (:func:`shadow_outcome`), never probed;
+        ``priors``: ``(e, q)`` per proposer that the request's own rates shrink to (the
+        pooled rates of every request, so a new request starts from what others saw)."""
+        gains = self.gains(caps, costs, priors)
+        probeable = {n: g for n, g in gains.items() if n not in shadowed}
+        best = max(gains, key=lambda n: gains[n][0]) if gains else None
+        if best is not None and gains[best][0] > 0 and best in probeable:
+            self.skipped, self.interval = 0, self.config.probe_every  # it drafts for real: no probe due
+            return Choice(best, gains[best][1])
+        # Nothing probeable drafts this round (plain decoding, or a shadowed proposer that pays):
+        # the probeable ones are probed now and then, so a stale verdict on them is revisited.
+        self.skipped += 1
+        interval = self.interval or self.config.probe_every
+        if probeable and self.skipped >= interval:
+            self.skipped = 0
+            self.interval = min(2 * interval, self.config.probe_max)
+            name = max(probeable, key=lambda n: probeable[n][0])
+            return Choice(name, min(caps[name], self.config.probe_length), probe=True)
+        if best is not None and gains[best][0] > 0:
+            return Choice(best, gains[best][1])
+        return Choice(None)
+
+    def observe(self, proposer: str, verified: int, accepted: int) -> None:
+        self.record(proposer).observe(verified, accepted, self.config.memory)
+
+
+def shadow_outcome(proposal: Sequence[int], emitted: Sequence[int]) -> tuple[int, int] | None:
+    """What verifying a deterministic ``proposal`` would have given, from the tokens the
+    request ``emitted`` since it was made: ``(verified, accepted)``, or None while the
+    emitted tokens match it so far and do not yet cover it."""
+    matched = 0
+    for drafted, actual in zip(proposal, emitted):
+        if drafted != actual:
+            return len(proposal), matched
+        matched += 1
+    return (len(proposal), matched) if matched == len(proposal) else None

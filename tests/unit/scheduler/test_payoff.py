@@ -1,0 +1,159 @@
+"""The payoff controller as a pure function of hand-made histories and timing tables (issue 17)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dspark.scheduler.payoff import (
+    AcceptanceRecord,
+    PayoffConfig,
+    PayoffController,
+    RoundCosts,
+    best_length,
+    expected_accepted,
+    shadow_outcome,
+)
+
+# A batch-1 machine in units of one decode step (10 ms): each verified token adds 5 % of a
+# step (v(ℓ) = 0.05 ℓ steps), plain decoding makes 100 tokens/s (ρ), the model drafter costs
+# 40 % of a step.
+STEP = 0.010
+
+
+def linear(per_token: float, K: int = 7) -> tuple[float, ...]:
+    return tuple(per_token * ell for ell in range(K + 1))
+
+
+COSTS = RoundCosts(
+    verify_s=linear(0.05 * STEP), tokens_per_s=1 / STEP, draft_s={"model": 0.4 * STEP, "ngram": 0.002 * STEP}
+)
+
+
+def controller_with(history: dict[str, list[tuple[int, int]]], **config) -> PayoffController:
+    c = PayoffController(config=PayoffConfig(**config))
+    for proposer, rounds in history.items():
+        for verified, accepted in rounds:
+            c.observe(proposer, verified, accepted)
+    return c
+
+
+def test_record_counts_first_and_conditional_acceptance():
+    r = AcceptanceRecord()
+    r.observe(5, 2, memory=1.0)  # positions 1, 2 accepted, 3 rejected, 4-5 never tested
+    r.observe(3, 0, memory=1.0)
+    r.observe(0, 0, memory=1.0)  # nothing verified: no evidence
+    assert (r.first_tested, r.first_accepted) == (2, 1)
+    assert (r.later_tested, r.later_accepted) == (2, 1)  # positions 2 (accepted) and 3 (rejected)
+    e, q = r.rates(PayoffConfig(prior_strength=0.0))
+    assert (e, q) == (0.5, 0.5)
+
+
+def test_expected_accepted_is_the_geometric_survival_sum():
+    assert expected_accepted(0.8, 0.5, 3) == pytest.approx(0.8 + 0.4 + 0.2)
+    assert expected_accepted(0.8, 0.5, 0) == 0.0
+
+
+def test_best_length_stops_where_one_more_draft_no_longer_gains():
+    # increments e q^k - ρm = 0.9·0.5^k - 0.05: positive for k <= 4, so ℓ = 5
+    gain, ell = best_length(0.9, 0.5, 7, draft_s=0.0, costs=COSTS)
+    assert ell == 5
+    assert gain == pytest.approx(expected_accepted(0.9, 0.5, 5) - 5 * 0.05)
+    # the drafter's own time is paid once, whatever ℓ
+    costly, same_ell = best_length(0.9, 0.5, 7, draft_s=0.4 * STEP, costs=COSTS)
+    assert same_ell == 5 and costly == pytest.approx(gain - 0.4)
+    assert best_length(0.9, 0.5, 0, draft_s=0.0, costs=COSTS) == (float("-inf"), 0)
+
+
+def test_falls_back_to_plain_decoding_when_drafting_does_not_pay():
+    """A model drafter that is rejected every time costs 40 % of a step per round: decode plainly."""
+    c = controller_with({"model": [(7, 0)] * 6}, probe_every=4, probe_max=16)
+    choices = [c.decide({"model": 7}, COSTS) for _ in range(40)]
+    drafted = [i for i, ch in enumerate(choices) if ch.proposer is not None]
+    assert all(choices[i].probe and choices[i].length == 2 for i in drafted)  # short probes only
+    assert drafted == [3, 11, 27]  # every 4, then 8, then 16 rounds (interval doubles to probe_max)
+
+
+def test_resumes_drafting_when_the_text_turns_predictable():
+    c = controller_with({"model": [(7, 0)] * 6}, probe_every=4)
+    assert c.decide({"model": 7}, COSTS).proposer is None
+    for _ in range(4):  # probes (or real rounds) that accept everything
+        c.observe("model", 2, 2)
+    choice = c.decide({"model": 7}, COSTS)
+    assert choice.proposer == "model" and not choice.probe and choice.length >= 3
+    assert c.interval == 4  # the probe clock starts afresh
+
+
+def test_a_shadowed_proposer_is_never_probed():
+    c = controller_with({"ngram": [(7, 0)] * 20}, probe_every=2)
+    choices = [c.decide({"ngram": 5}, COSTS, shadowed=("ngram",)) for _ in range(10)]
+    assert all(ch.proposer is None for ch in choices)
+
+
+def test_no_history_is_optimistic_so_every_proposer_gets_tried():
+    assert PayoffController().decide({"model": 7}, COSTS).proposer == "model"
+
+
+def test_repetitive_text_picks_ngram():
+    """Both accept well on repetitive text; the n-gram costs nothing, so it wins."""
+    c = controller_with({"ngram": [(7, 7), (7, 6), (7, 7)], "model": [(7, 7), (7, 5), (7, 6)]})
+    choice = c.decide({"ngram": 7, "model": 7}, COSTS, shadowed=("ngram",))
+    assert choice.proposer == "ngram" and choice.length == 7
+
+
+def test_free_text_picks_the_model():
+    """The lookup's continuations are rejected, the model's accepted: the model pays despite its cost."""
+    c = controller_with({"ngram": [(4, 0), (3, 1), (5, 0), (2, 0)], "model": [(7, 4), (7, 6), (7, 3)]})
+    assert c.decide({"ngram": 4, "model": 7}, COSTS, shadowed=("ngram",)).proposer == "model"
+
+
+def test_no_ngram_match_leaves_the_model():
+    c = controller_with({"ngram": [(7, 7)] * 4, "model": [(7, 5)] * 4})
+    assert c.decide({"ngram": 0, "model": 7}, COSTS).proposer == "model"
+
+
+def test_a_cheaper_round_at_a_bigger_batch_changes_the_verdict():
+    """The same modest history: unprofitable at batch 1 (ρd large), profitable with a free drafter."""
+    c = controller_with({"model": [(7, 0), (7, 1), (7, 0), (7, 0)]})
+    assert c.decide({"model": 7}, COSTS).proposer is None
+    free = RoundCosts(verify_s=linear(0.01 * STEP), tokens_per_s=1 / STEP, draft_s={"model": 0.0})
+    assert c.decide({"model": 7}, free).proposer == "model"
+
+
+def test_shadow_outcome():
+    assert shadow_outcome([4, 5, 6], []) is None  # nothing emitted yet
+    assert shadow_outcome([4, 5, 6], [4, 5]) is None  # matching so far
+    assert shadow_outcome([4, 5, 6], [4, 9]) == (3, 1)
+    assert shadow_outcome([4, 5, 6], [4, 5, 6, 7]) == (3, 3)
+    assert shadow_outcome([4, 5, 6], [8]) == (3, 0)
+
+
+def test_bad_config_is_refused():
+    with pytest.raises(ValueError):
+        PayoffConfig(probe_every=8, probe_max=4)
+
+
+def test_a_concave_cost_curve_buys_longer_blocks():
+    """Verifying the first draft costs 13 % of a step, the next six 3 % each (a CPU's curve):
+    pricing every token at the first one's 13 % would stop at ℓ = 3; the whole curve says 6."""
+    concave = (0.0, 0.13, 0.16, 0.19, 0.22, 0.25, 0.28, 0.31)
+    costs = RoundCosts(verify_s=tuple(STEP * v for v in concave), tokens_per_s=1 / STEP, draft_s={})
+    gain, ell = best_length(0.4, 0.6, 7, draft_s=0.0, costs=costs)
+    assert ell == 6  # increments 0.4·0.6^k beat 0.03 while k <= 5
+    assert gain == pytest.approx(expected_accepted(0.4, 0.6, 6) - 0.28)
+
+
+def test_the_model_is_still_probed_while_the_free_ngram_pays():
+    """A stale bad verdict on the model must not stick while the lookup carries the request."""
+    c = controller_with({"model": [(7, 0)] * 6, "ngram": [(7, 3)] * 6}, probe_every=4, probe_max=4)
+    choices = [c.decide({"ngram": 7, "model": 7}, COSTS, shadowed=("ngram",)) for _ in range(12)]
+    assert [ch.proposer for ch in choices].count("ngram") == 9
+    probes = [i for i, ch in enumerate(choices) if ch.probe]
+    assert probes == [3, 7, 11] and all(choices[i].proposer == "model" for i in probes)
+
+
+def test_a_new_request_starts_from_the_pooled_rates():
+    """With the others' experience (the model rarely accepted) as the prior, a fresh request does
+    not pay for a full model block before its own history says so; with the default prior it does."""
+    fresh = PayoffController()
+    assert fresh.decide({"model": 7}, COSTS).proposer == "model"
+    assert PayoffController().decide({"model": 7}, COSTS, priors={"model": (0.1, 0.3)}).proposer is None
