@@ -53,10 +53,10 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _drafter_folder(spec: str) -> Path:
+def _drafter_folder(spec: str, target=None) -> Path:
     from dspark.commands.loading import drafter_folder
 
-    folder = drafter_folder(spec)
+    folder = drafter_folder(spec, target)
     if not (folder / "config.json").is_file():
         raise DsparkError(f"{spec!r} is not a drafter folder; only a trained drafter can be calibrated")
     raw = json.loads((folder / "config.json").read_text())
@@ -75,9 +75,13 @@ def main_calibrate(args: argparse.Namespace) -> int:
     if args.skip < 0 or args.bins < 1:
         raise DsparkError("--skip must be >= 0 and --bins >= 1")
     config = eval_config(args, baseline=False)
-    folder = _drafter_folder(args.drafter)
+    from dspark.drafters.registry import TRAINABLE
+
+    # A folder is checked before the target loads; a shipped name needs the target to resolve.
+    folder = None if args.drafter in TRAINABLE else _drafter_folder(args.drafter)
     benchmarks = load_benchmarks(args, skip=args.skip)
     target = load_eval_target(args)
+    folder = folder or _drafter_folder(args.drafter, target)
     summary = calibrate_drafter(
         target,
         folder,

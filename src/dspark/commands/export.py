@@ -74,7 +74,7 @@ def main_export(args: argparse.Namespace) -> int:
         args.out,
         fmt=args.fmt,
         dtype=DTYPES[args.dtype],
-        source=drafter_folder(args.drafter),
+        source=drafter_folder(args.drafter, target),
         target_name=target_name,
         force=args.force,
         sps_table=sps_table,

@@ -56,8 +56,8 @@ def target_hidden_size(spec: str | None) -> int | None:
 
     try:
         config = AutoConfig.from_pretrained(resolve_target(spec))
-    except (OSError, ValueError):
-        return None  # load_target reports what is wrong with the folder
+    except Exception:  # noqa: BLE001 - a malformed config fails anywhere in HF; load_target reports it
+        return None
     return getattr(config.get_text_config(), "hidden_size", None)
 
 
@@ -93,11 +93,12 @@ def load_drafters(specs: dict[str, str], target) -> dict:
     return {label: build_drafter(spec, target) for label, spec in specs.items()}
 
 
-def drafter_folder(spec: str) -> Path:
-    """The folder of a trained drafter: a shipped method's, or ``spec`` itself."""
+def drafter_folder(spec: str, target=None) -> Path:
+    """The folder of a trained drafter: a shipped method's for ``target`` (the tiny target's
+    when None), or ``spec`` itself."""
     from dspark.drafters.registry import TRAINABLE, shipped_drafter_dir
 
-    return shipped_drafter_dir(spec) if spec in TRAINABLE else Path(spec).expanduser()
+    return shipped_drafter_dir(spec, target) if spec in TRAINABLE else Path(spec).expanduser()
 
 
 def training_records(specs: list[str], limit: int | None = None) -> list[dict]:

@@ -4,8 +4,8 @@
 
 - ``"none"`` — plain decoding (returns ``None``);
 - ``"ngram"`` — the prompt-lookup drafter;
-- ``"dflash" | "dspark" | "eagle3"`` — the drafter of that method shipped for the
-  embedded tiny target (``dspark/assets/drafters/<name>``);
+- ``"dflash" | "dspark" | "eagle3"`` — the drafter of that method shipped for the loaded
+  target (``dspark/assets/drafters/<target>/<name>``, :mod:`dspark.drafters.shipped`);
 - a path — a drafter folder (SPEC §5.4), loaded with full validation.
 
 The trainable methods themselves are rows of :data:`dspark.drafters.kinds.KINDS`, a
@@ -16,11 +16,11 @@ from it, so the CLI lists the drafters in ``--help`` at once.
 from __future__ import annotations
 
 from collections.abc import Callable
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dspark.drafters.kinds import KINDS
+from dspark.drafters.shipped import shipped_drafter_dir
 from dspark.errors import DsparkError
 
 if TYPE_CHECKING:
@@ -47,11 +47,6 @@ def register(name: str, factory: DrafterFactory) -> None:
     _FACTORIES[name] = factory
 
 
-def shipped_drafter_dir(method: str) -> Path:
-    """Where the drafter of ``method`` shipped for the embedded tiny target lies (package data)."""
-    return Path(str(resources.files("dspark") / "assets" / "drafters" / method))
-
-
 def available() -> list[str]:
     """Every name :func:`build_drafter` takes besides a folder: none, training-free, trainable."""
     return ["none", *sorted(_FACTORIES), *sorted(TRAINABLE)]
@@ -66,10 +61,7 @@ def build_drafter(spec: str | None, target: TargetAdapter) -> Drafter | None:
     if spec in _FACTORIES:
         return _FACTORIES[spec](target)
     if spec in TRAINABLE:
-        folder = shipped_drafter_dir(spec)
-        if not (folder / "config.json").is_file():
-            raise DsparkError(f"no shipped {spec} drafter at {folder}; train one with `dspark train`")
-        return load_drafter(folder, target)
+        return load_drafter(shipped_drafter_dir(spec, target), target)
     path = Path(spec).expanduser()
     if path.is_dir():
         return load_drafter(path, target)

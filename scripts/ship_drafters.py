@@ -1,0 +1,77 @@
+"""Ship a campaign's converged drafters into the package (a maintainer's step, issue 16 item 5).
+
+    python scripts/ship_drafters.py --campaign ~/.cache/dspark/campaigns/tiny --target tiny
+    python scripts/ship_drafters.py --campaign ~/.cache/dspark/campaigns/smollm2 --target smollm2 \
+        --methods dspark
+
+For each method whose training stage finished, the campaign's drafter is loaded against
+the target (full validation), written in bf16 to ``src/dspark/assets/drafters/<target>/
+<method>/`` without the target's embedding and head where they equal the target's, and
+refused when a file would exceed ``--max-mb`` (git history keeps every binary forever).
+``SHIPPED.json`` beside them records how each was trained (steps, epochs, training tokens,
+expected τ on the campaign's fixed samples, the last real τ), which the quickstart reads to
+say how far its own drafters are from the shipped ones. Commit the result once, when final.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+
+def main() -> int:
+    import torch
+
+    from dspark.campaign.progress import read_curve
+    from dspark.drafters.folder import load_drafter, save_drafter
+    from dspark.durable import write_atomic
+    from dspark.presets.tiny import resolve_target
+    from dspark.targets import TargetAdapter
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--campaign", type=Path, required=True, help="the campaign's folder")
+    p.add_argument("--target", required=True, help="the shipped target's name: tiny, smollm2")
+    p.add_argument("--methods", default="dflash,dspark,eagle3")
+    p.add_argument("--max-mb", type=float, default=25.0, help="largest file allowed (MB)")
+    p.add_argument("--dest", type=Path, default=ROOT / "src" / "dspark" / "assets" / "drafters")
+    args = p.parse_args()
+
+    target = TargetAdapter.from_pretrained(resolve_target(args.target))
+    dest = args.dest / args.target
+    record_path = dest / "SHIPPED.json"
+    shipped = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    for method in args.methods.split(","):
+        stage = args.campaign / "stages" / f"train-{method}.json"
+        if not stage.is_file():
+            print(f"{method}: training not finished in {args.campaign}, skipped", file=sys.stderr)
+            continue
+        summary = json.loads(stage.read_text())["summary"]
+        drafter = load_drafter(args.campaign / summary["drafter"], target)
+        folder = save_drafter(dest / method, drafter, target, dtype=torch.bfloat16)
+        sizes = {f.name: f.stat().st_size / 1e6 for f in folder.iterdir() if f.is_file()}
+        too_big = {k: round(v, 1) for k, v in sizes.items() if v > args.max_mb}
+        if too_big:
+            raise SystemExit(f"{method}: files over {args.max_mb} MB: {too_big}; remove {folder}")
+        curve = read_curve(args.campaign / "train" / method / "metrics.jsonl")
+        cache = json.loads((args.campaign / "stages" / "cache.json").read_text())["summary"]
+        shipped[method] = {
+            "steps": summary["steps"],
+            "epochs": summary["epochs"],
+            "stopped_early": summary["stopped_early"],
+            "training_tokens": round(summary["epochs"] * cache["tokens"]),
+            "val_expected_tau": summary["val_expected_tau"],
+            "real_tau_last": curve.eval_tau[-1] if curve.eval_tau else None,
+            "size_mb": round(sum(sizes.values()), 2),
+        }
+        print(f"{method}: shipped to {folder} ({shipped[method]})")
+    write_atomic(record_path, json.dumps(shipped, indent=1, sort_keys=True) + "\n", mkdir=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
