@@ -4,16 +4,61 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import httpx
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _stderr_lines(proc: subprocess.Popen) -> queue.Queue:
+    """The process's stderr lines, read on a thread (a blocking read would hang the test)."""
+    lines: queue.Queue = queue.Queue()
+
+    def pump() -> None:
+        for line in proc.stderr:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return lines
+
+
+def _serving_url(proc: subprocess.Popen, lines: queue.Queue, timeout: float = 120.0) -> str:
+    """Wait for "dspark: serving ... at http://127.0.0.1:PORT"; lines before it (a warning, a
+    profile of the machine) are allowed."""
+    seen, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=1)
+        except queue.Empty:
+            continue
+        assert line is not None, "the server exited before serving:\n" + "".join(seen)
+        seen.append(line)
+        if match := re.search(r"serving .* at (http://127\.0\.0\.1:\d+)", line):
+            return match.group(1)
+    raise AssertionError("the server did not say where it serves:\n" + "".join(seen))
+
+
+def _rest(lines: queue.Queue) -> str:
+    out = []
+    while (line := _get(lines)) is not None:
+        out.append(line)
+    return "".join(out)
+
+
+def _get(lines: queue.Queue) -> str | None:
+    try:
+        return lines.get(timeout=5)
+    except queue.Empty:
+        return None
 
 
 def test_sigterm_finishes_the_running_stream_refuses_new_work_and_exits_0(tmp_path):
@@ -25,10 +70,8 @@ def test_sigterm_finishes_the_running_stream_refuses_new_work_and_exits_0(tmp_pa
     cmd += ["--drafter", "ngram", "--scheduler", "fixed", "--max-batch", "2", "--drain-timeout", "60"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        line = proc.stderr.readline()  # "dspark: serving ... at http://127.0.0.1:PORT (...)"
-        match = re.search(r"at (http://127\.0\.0\.1:\d+)", line)
-        assert match, line + proc.stderr.read()
-        url = match.group(1)
+        lines = _stderr_lines(proc)
+        url = _serving_url(proc, lines)
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -61,7 +104,8 @@ def test_sigterm_finishes_the_running_stream_refuses_new_work_and_exits_0(tmp_pa
         chunks = [json.loads(e[len("data: ") :]) for e in events[:-1]]
         assert chunks[-1]["choices"][0]["finish_reason"] == "length"
         assert refused, "a new request was served while draining"
-        assert proc.wait(timeout=30) == 0, proc.stderr.read()
+        code = proc.wait(timeout=30)
+        assert code == 0, _rest(lines)
     finally:
         if proc.poll() is None:
             proc.kill()
