@@ -31,6 +31,7 @@ def test_closed_loop_points_per_policy_and_plot(target, tmp_path):
         block_size=4,
         max_seq_len=128,
         sps=SPS,
+        payoff=False,  # the policies as defined (the payoff controller would rightly skip n-gram here)
     )
     assert [(p.policy, p.concurrency) for p in points] == [
         (policy, c) for policy in ("fixed", "prefix", PLAIN) for c in (1, 3)

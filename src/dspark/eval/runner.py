@@ -133,7 +133,8 @@ class _Tally:
 
     rounds: list[RoundLog] = field(default_factory=list)
     confidence: list[ConfidenceRounds] = field(default_factory=list)
-    tokens: int = 0
+    tokens: int = 0  # of the decodes whose rounds are in ``rounds`` (τ = tokens / rounds)
+    timed_tokens: int = 0  # of the decodes timed for the speed columns (``seconds``)
     seconds: float = 0.0
 
 
@@ -183,7 +184,8 @@ def _answer(
         timed = result
         if config.payoff_speed and drafter is not None:
             timed = payoff_answer(target, drafter, ids, params, block_size=block_size)
-        tally.tokens += len(timed.token_ids)
+        tally.tokens += len(result.token_ids)
+        tally.timed_tokens += len(timed.token_ids)
         tally.seconds += timed.seconds
         if answer.confidence.num_rounds:
             tally.confidence.append(answer.confidence)
@@ -225,7 +227,7 @@ def fitting_prompts(
 
 def _row(name: str, bench: Benchmark, tally: _Tally, block_size: int, plain_tps: float | None) -> EvalRow:
     stats = acceptance_stats(tally.rounds, block_size)
-    tps = tally.tokens / tally.seconds if tally.seconds > 0 else 0.0
+    tps = tally.timed_tokens / tally.seconds if tally.seconds > 0 else 0.0
     return EvalRow(
         drafter=name,
         benchmark=bench.name,
