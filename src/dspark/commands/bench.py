@@ -13,7 +13,7 @@ import json
 import logging
 import sys
 
-from dspark.commands.argtypes import non_negative_float, positive_int
+from dspark.commands.argtypes import int_list, non_negative_float, positive_int
 from dspark.commands.options import (
     add_block_size,
     add_drafter,
@@ -155,7 +155,12 @@ def add_bench_matrix_args(p: argparse.ArgumentParser) -> None:
         "--limit", type=positive_int, default=4, help="prompts per set (cycled up to the concurrency)"
     )
     add_drafters(p, default="ngram,dspark,dflash,eagle3")
-    p.add_argument("--concurrency", default="1,4,16,64", help="comma-separated KV slots = requests at once")
+    p.add_argument(
+        "--concurrency",
+        type=int_list,
+        default=[1, 4, 16, 64],
+        help="comma-separated KV slots = requests at once",
+    )
     p.add_argument(
         "--requests", type=positive_int, default=4, help="requests per cell at least (at low concurrency)"
     )
@@ -178,12 +183,7 @@ def main_bench_matrix(args: argparse.Namespace) -> int:
     from dspark.drafters.registry import build_drafter
     from dspark.eval.speed_matrix import PAYOFF, goals, speed_matrix
 
-    try:
-        concurrencies = sorted({int(c) for c in args.concurrency.split(",")})
-    except ValueError:
-        raise DsparkError(f"--concurrency takes comma-separated integers, got {args.concurrency!r}") from None
-    if concurrencies[0] < 1:
-        raise DsparkError("--concurrency values must be >= 1")
+    concurrencies = sorted(set(args.concurrency))
     static = [p.strip() for p in args.static.split(",") if p.strip()]
     sets = {spec.strip(): load_prompts(spec.strip(), args.limit) for spec in args.prompts.split(",")}
     target = load_inference_target(args.target, args.dtype)
@@ -314,7 +314,10 @@ def add_bench_serve_args(p: argparse.ArgumentParser) -> None:
         help="comma-separated verification policies; 'none' = plain decoding",
     )
     p.add_argument(
-        "--concurrency", default="1,2,4,8,16,32,64", help="comma-separated closed-loop client counts"
+        "--concurrency",
+        type=int_list,
+        default=[1, 2, 4, 8, 16, 32, 64],
+        help="comma-separated closed-loop client counts",
     )
     p.add_argument(
         "--prompts", default="math,code,chat", help="comma-separated prompt sets (built-in or JSONL)"
@@ -350,12 +353,7 @@ def main_bench_serve(args: argparse.Namespace) -> int:
     from dspark.drafters.registry import build_drafter
     from dspark.server.load import bench_serve, plot_load
 
-    try:
-        concurrencies = sorted({int(c) for c in args.concurrency.split(",")})
-    except ValueError:
-        raise DsparkError(f"--concurrency takes comma-separated integers, got {args.concurrency!r}") from None
-    if concurrencies[0] < 1:
-        raise DsparkError("--concurrency values must be >= 1")
+    concurrencies = sorted(set(args.concurrency))
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     sets = [[p.turns[0] for p in load_prompts(spec.strip(), args.limit)] for spec in args.prompts.split(",")]
     # Interleaved (math, code, chat, math, ...): every point, whatever its size, sees the same mix.

@@ -36,7 +36,8 @@ class RoundTimes:
         return (self.sequential_sampling_s - self.parallel_sampling_s) / self.round_s
 
 
-def _median_time(fn, repeats: int) -> float:
+def median_time(fn, repeats: int) -> float:
+    """Median wall time of ``fn()`` over ``repeats`` calls, after one warm-up call."""
     fn()  # warm-up
     times = []
     for _ in range(repeats):
@@ -102,8 +103,8 @@ def sequential_head_overhead(
 
     return RoundTimes(
         batch=R,
-        backbone_s=_median_time(backbone, repeats),
-        parallel_sampling_s=_median_time(parallel, repeats),
-        sequential_sampling_s=_median_time(sequential, repeats),
-        verify_s=_median_time(verify, repeats),
+        backbone_s=median_time(backbone, repeats),
+        parallel_sampling_s=median_time(parallel, repeats),
+        sequential_sampling_s=median_time(sequential, repeats),
+        verify_s=median_time(verify, repeats),
     )

@@ -26,6 +26,7 @@ import torch
 from dspark.drafters.dspark import greedy_probs
 from dspark.drafters.request_state import sample_tokens
 from dspark.engine import Engine, EngineConfig
+from dspark.eval.overhead import median_time
 from dspark.heads import scale_confidence_logits
 from dspark.protocols import SamplingParams, SequenceState
 from dspark.sampling.probs import batch_probs
@@ -92,16 +93,6 @@ class RoundBreakdown:
         return asdict(self) | {"loop_speedup": round(self.loop_speedup, 3)}
 
 
-def _median(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return sorted(times)[len(times) // 2]
-
-
 def _state(target: TargetAdapter, drafter, ids: list[int]) -> SequenceState:
     out = target.forward(
         torch.tensor([ids[:-1]], device=target.device), target.new_cache(), layer_ids=drafter.target_layer_ids
@@ -163,13 +154,13 @@ def round_breakdown(
 
     with torch.no_grad():
         times = {
-            "decode_step_s": _median(forward(1), repeats),
-            "verify_s": _median(forward(K + 1), repeats),
-            "sampling_s": _median(sampling, repeats),
-            "backbone_s": _median(backbone, repeats),
-            "loop_s": _median(loop, repeats),
-            "loop_before_s": _median(loop_before, repeats),
-            "propose_s": _median(lambda: drafter.propose([state], K, [GREEDY]), repeats),
+            "decode_step_s": median_time(forward(1), repeats),
+            "verify_s": median_time(forward(K + 1), repeats),
+            "sampling_s": median_time(sampling, repeats),
+            "backbone_s": median_time(backbone, repeats),
+            "loop_s": median_time(loop, repeats),
+            "loop_before_s": median_time(loop_before, repeats),
+            "propose_s": median_time(lambda: drafter.propose([state], K, [GREEDY]), repeats),
         }
     context = min(1024, target.max_context)
     engine = Engine(
