@@ -57,6 +57,9 @@ def main_campaign(args: argparse.Namespace) -> int:
     the steps; the three are evaluated with n-gram against plain decoding. Every stage
     resumes after a kill (training from its last checkpoint) and none repeats finished
     work. Run it in the background with one thread: `dspark --threads 1 campaign`.
+    With more cores, start one such process per core on the same --out with the methods
+    in different orders (`--methods eagle3,dflash,dspark`): a stage runs in one process at
+    a time, the others wait for it and skip it once it is done.
     """
     from dspark.campaign.pipeline import run_campaign
     from dspark.campaign.plan import METHODS, PLANS

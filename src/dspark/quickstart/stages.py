@@ -7,14 +7,20 @@ sees new inputs through its own key. ``<name>.started.json`` records the key a s
 last started with: an interrupted stage restarted with the same key keeps its partial
 outputs (regeneration and training resume from them); with another key they are removed
 first, so no output mixes two plans.
+
+A stage runs under an exclusive lock (``<name>.lock``, ``flock``): two processes sharing
+one folder — a campaign run once per core with its methods in different orders — never
+run the same stage at once; the second waits, then finds the stage done and skips it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +71,32 @@ class Stages:
 
         ``outputs`` are the files and folders the stage writes and may resume from.
         """
+        with self._lock(name):
+            return self._run(name, key, fn, outputs)
+
+    @contextlib.contextmanager
+    def _lock(self, name: str) -> Iterator[None]:
+        """Hold ``stages/<name>.lock``; while another process holds it, say so and wait."""
+        path = self.marker(name).with_suffix(".lock")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self.announce(f"… {name}: another process is running it; waiting for it to finish")
+                fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _run(
+        self,
+        name: str,
+        key: dict[str, Any],
+        fn: Callable[[], dict[str, Any]],
+        outputs: tuple[Path, ...],
+    ) -> dict[str, Any]:
         record = self.done(name, key)
         if record is not None:
             self.announce(f"· {name}: done in an earlier run ({record['seconds']:.0f} s), skipped")

@@ -69,3 +69,41 @@ def test_plans_differ_in_every_stage_key():
     for fields in (("train_prompts",), ("train_steps", "batch_size"), ("eval_prompts",), ("serve_policies",)):
         assert FAST.part(*fields) != FULL.part(*fields)
     assert FULL.part("serve_policies") == {"serve_policies": list(FULL.serve_policies)}
+
+
+def _slow_stage(root, started, release):
+    """Run stage "a" in another process; it signals once inside and waits for ``release``."""
+
+    def fn():
+        started.set()
+        release.wait(30)
+        return {"by": "first"}
+
+    Stages(root, announce=lambda line: None).run("a", {"n": 1}, fn)
+
+
+def test_a_second_process_waits_for_a_running_stage_and_then_skips_it(tmp_path):
+    import multiprocessing
+    import threading
+
+    ctx = multiprocessing.get_context("fork")
+    started, release = ctx.Event(), ctx.Event()
+    first = ctx.Process(target=_slow_stage, args=(tmp_path, started, release))
+    first.start()
+    assert started.wait(30)
+    lines, calls, result = [], [], {}
+
+    def second():
+        stages = Stages(tmp_path, announce=lines.append)
+        result["summary"] = stages.run("a", {"n": 1}, lambda: calls.append(1) or {"by": "second"})
+
+    waiter = threading.Thread(target=second)
+    waiter.start()
+    waiter.join(1.0)
+    assert waiter.is_alive()  # blocked on the lock while the first process runs the stage
+    assert any("another process" in line for line in lines)
+    release.set()
+    first.join(30)
+    waiter.join(30)
+    assert first.exitcode == 0
+    assert result["summary"] == {"by": "first"} and calls == []  # found done, not run twice
