@@ -110,4 +110,4 @@ class Request:
 
 
 # How the engine ends a request: (request, finish reason, text or None to decode it).
-Finish = Callable[[Request, str, "str | None"], None]
+Finish = Callable[[Request, str, str | None], None]
