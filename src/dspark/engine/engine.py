@@ -251,7 +251,10 @@ class Engine:
         )
         # A drafter fed other layers than it reads would silently lose its acceptance.
         assert not self._needs_features or out.layer_ids == self._layer_ids, (out.layer_ids, self._layer_ids)
-        self.stats.forward_s += time.perf_counter() - forward_started
+        forward_s = time.perf_counter() - forward_started
+        self.stats.forward_s += forward_s
+        if self.payoff is not None and not prefill:  # the step times payoff control prices with
+            self.payoff.observe_step(len(ids), forward_s)
 
         prefill_offset = num_decode_rows
         for req, n in prefill:
