@@ -47,10 +47,9 @@ def main_quickstart(args: argparse.Namespace) -> int:
     from their learning curves how many more steps the trained ones would need to reach
     them. No network, no GPU.
     """
+    from dspark.errors import DsparkError
     from dspark.quickstart import FAST, FULL, run_quickstart
     from dspark.quickstart.report import headline_lines
-
-    from dspark.errors import DsparkError
 
     if args.shipped is not None and not args.shipped.is_dir():
         raise DsparkError(f"--shipped {args.shipped}: no such folder")

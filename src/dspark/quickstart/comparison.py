@@ -38,7 +38,7 @@ class Comparison:
     shipped: ShippedRecord
     shipped_val_tau: float  # the shipped drafter's expected τ on the same validation set
     shipped_tau: float | None
-    reach: Reach | None  # None: the record has no curve
+    reach: Reach | None  # None: the record has no curve (and this run's drafter is below the shipped one)
     tokens_per_step: float  # this run's, to say the estimate in this run's steps too
 
     @property
@@ -59,8 +59,10 @@ def comparisons(
         if raw is None or method not in val or row not in val:
             continue
         record = ShippedRecord.from_json(raw)
-        reach = None
-        if record.curve is not None:
+        reach = None  # without a curve, only "already there" can be said
+        if val[method] >= val[row]:
+            reach = Reach(kind=ALREADY, own_step=None, goal_step=None, more_steps=0.0, more_tokens=0.0)
+        elif record.curve is not None:
             c = record.curve
             values = scaled(c.expected_tau, val[row])
             reach = steps_to_reach(c.steps, values, val[method], val[row], tokens_per_step=c.tokens_per_step)
