@@ -74,7 +74,10 @@ def test_figures_come_from_the_run(run):
     assert {r["drafter"] for r in drafted} == set(METHODS) | set(REFERENCES) | {"dflash-shipped"}
     for r in drafted:
         assert 1.0 <= r["tau"] <= FAST.block_size + 1
-        assert r["tau"] == pytest.approx((r["tokens"]) / r["num_rounds"], rel=1e-6)
+        # τ = mean(accepted + 1) over rounds; an answer's last round may be cut at EOS or
+        # max_tokens (≤ γ tokens lost, one round per single-turn answer), so tokens ≤ τ · rounds
+        drafted_tokens = r["tau"] * r["num_rounds"]
+        assert drafted_tokens - FAST.block_size * FAST.eval_prompts <= r["tokens"] <= drafted_tokens + 1e-6
         # speedup = measured tokens/s over plain decoding's on the same prompts
         assert r["speedup"] == pytest.approx(r["tokens_per_s"] / plain[r["domain"]]["tokens_per_s"], rel=1e-6)
     summary = json.loads((run / "summary.json").read_text())

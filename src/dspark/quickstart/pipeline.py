@@ -3,11 +3,12 @@
 Layout of a run folder::
 
     data/answers.jsonl          the target's own answers to its training prompts
+    data/validation.jsonl       its answers to held-out built-in prompts (expected τ of every drafter)
     train/<method>/             trainer output (checkpoints, metrics.jsonl)
     drafters/<method>/          the trained drafters (HF folders, DESIGN §5.4)
     drafters/dspark-sts/        DSpark with its fitted STS temperatures
     calibration/                calibration.json / .md, reliability.png
-    eval/                       results.json, report.md, plots
+    eval/                       results.json, report.md, plots (shipped_curves.png: beside the shipped)
     serve/                      results.json, throughput_vs_per_user.png
     stages/<stage>.json         resume markers
     report.md                   the summary of everything above

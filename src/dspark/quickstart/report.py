@@ -308,7 +308,9 @@ finished by an earlier invocation): {stage_seconds:.0f} s.
    built-in prompts disjoint from the evaluation ones → `{calibration["drafter"]}`.
 4. **eval** — first {plan.eval_prompts} prompts of each built-in set, temperature {plan.temperature},
    ≤ {plan.eval_max_tokens} tokens, same prompts and seeds for every method; speedups are tokens/s over
-   plain decoding of the same prompts in the same run (batch 1, fixed γ = {plan.block_size}).
+   plain decoding of the same prompts in the same run (batch 1, fixed γ = {plan.block_size}); expected τ
+   of every drafter, the shipped ones included, on the target's answers to the next {plan.val_prompts}
+   prompts of each set after the calibration ones (the validation set).
 5. **serve** — the calibrated DSpark drafter behind the real HTTP server, closed-loop clients,
    policies {", ".join(f"`{p}`" for p in plan.serve_policies)}.
 
