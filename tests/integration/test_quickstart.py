@@ -158,7 +158,9 @@ def test_the_shipped_drafters_are_compared_on_the_same_validation_set(run):
 
 
 def test_a_missing_shipped_folder_is_a_one_line_error(tmp_path, capsys):
-    assert main(["quickstart", "--fast", "--out", str(tmp_path), "--shipped", str(tmp_path / "nope")]) == 2
+    with pytest.raises(SystemExit) as e:
+        main(["quickstart", "--fast", "--out", str(tmp_path), "--shipped", str(tmp_path / "nope")])
+    assert e.value.code == 2
     assert "dspark: error: --shipped" in capsys.readouterr().err
 
 
