@@ -22,12 +22,16 @@ still near the peak, unlike these runs' at their end).
 
 The feature cache and the DFlash folder are only read. One torch thread.
 
-    python scripts/bench_recipes.py --steps 500 --out /tmp/recipes
+    python scripts/bench_recipes.py --steps 400 --evals 4 --out /tmp/recipes
+    python scripts/bench_recipes.py --steps 400 --evals 4 --recipes paper --seed 1 --out /tmp/recipes-seed1
+
+(the second: the paper's recipe again with another seed, for the noise between runs).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -67,6 +71,9 @@ def main() -> None:
     ap.add_argument("--campaign", type=Path, default=CAMPAIGN, help="the tiny campaign's folder (read only)")
     ap.add_argument("--dflash", type=Path, default=None, help="DFlash folder (default: the campaign's)")
     ap.add_argument("--real-prompts", type=int, default=24, help="prompts for real τ at the end (0: off)")
+    ap.add_argument(
+        "--seed", type=int, default=None, help="init and data-order seed (default: the plan's, 0)"
+    )
     ap.add_argument("--out", type=Path, default=Path("/tmp/bench_recipes"), help="run folders (resumed)")
     args = ap.parse_args()
     args.dflash = args.dflash or args.campaign / "drafters" / "dflash"
@@ -86,15 +93,18 @@ def main() -> None:
     from dspark.training.recipe import train_config
     from dspark.training.warm_start import warm_start_backbone
 
-    plan = PLANS["tiny"]
+    plan = PLANS["tiny"] if args.seed is None else dataclasses.replace(PLANS["tiny"], seed=args.seed)
     target = TargetAdapter.from_pretrained(resolve_target(plan.target))
     features = FeatureCache.open(args.campaign / "cache", verify=False)  # sizes checked, 2.8 GB not hashed
     features.check_compatible(target, template_kwargs={}, max_length=plan.max_length)
     samples = TrainDataset(features.token_samples())
-    config = with_draft_vocab(getattr(presets, dict(zip(METHODS, plan.presets))["dspark"])(), plan.draft_vocab)
+    preset = dict(zip(METHODS, plan.presets))["dspark"]  # dspark_tiny
+    config = with_draft_vocab(getattr(presets, preset)(), plan.draft_vocab)
     every = max(1, args.steps // args.evals)
     validation = TrainingEval(features, target, plan.num_anchors, real_tau=None, every=10**9)
-    real_tau = online_tau_eval(target, ",".join(plan.eval_sets), count=args.real_prompts) if args.real_prompts else None
+    real_tau = None
+    if args.real_prompts:
+        real_tau = online_tau_eval(target, ",".join(plan.eval_sets), count=args.real_prompts)
 
     rows = {}
     for name in args.recipes.split(","):
