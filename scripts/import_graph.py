@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1] / "src" / "dspark"
 # ``__init__`` (the package root) runs before any other dspark module is loaded: it may import
 # only layer 0 (``threads``, which must set OpenMP's wait policy before torch loads).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "threads", "durable"),
+    ("errors", "threads", "durable", "user_cache"),
     ("protocols", "distributed", "output_folders", "conditions", "__init__"),
     ("sampling", "heads", "targets", "scheduler", "calibration", "tiny"),
     ("decoding", "drafters"),

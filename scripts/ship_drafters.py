@@ -9,8 +9,11 @@ the target (full validation), written in bf16 to ``src/dspark/assets/drafters/<t
 <method>/`` without the target's embedding and head where they equal the target's, and
 refused when a file would exceed ``--max-mb`` (git history keeps every binary forever).
 ``SHIPPED.json`` beside them records how each was trained (steps, epochs, training tokens,
-expected τ on the campaign's fixed samples, the last real τ), which the quickstart reads to
-say how far its own drafters are from the shipped ones. Commit the result once, when final.
+expected τ on the campaign's fixed samples, the last real τ) and its learning curve (that
+expected τ and the real τ against steps and tokens, a few dozen points;
+:mod:`dspark.drafters.shipped_record`), which the quickstart reads to say how far its own
+drafters are from the shipped ones. Records of methods not shipped this time are kept as
+they are. Commit the result once, when final.
 """
 
 from __future__ import annotations
@@ -24,26 +27,57 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 
-def main() -> int:
-    import torch
-
-    from dspark.campaign.progress import read_curve
-    from dspark.drafters.folder import load_drafter, save_drafter
-    from dspark.durable import write_atomic
-    from dspark.presets.tiny import resolve_target
-    from dspark.targets import TargetAdapter
-
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--campaign", type=Path, required=True, help="the campaign's folder")
     p.add_argument("--target", required=True, help="the shipped target's name: tiny, smollm2")
     p.add_argument("--methods", default="dflash,dspark,eagle3")
     p.add_argument("--max-mb", type=float, default=25.0, help="largest file allowed (MB)")
     p.add_argument("--dest", type=Path, default=ROOT / "src" / "dspark" / "assets" / "drafters")
-    args = p.parse_args()
+    return p.parse_args(argv)
 
+
+def record_for(campaign: Path, method: str, size_mb: float):
+    """The ``SHIPPED.json`` record of ``method``'s finished training stage in ``campaign``."""
+    from dspark.campaign.progress import read_curve
+    from dspark.drafters.shipped_record import ShippedRecord, curve_from_log
+
+    summary = json.loads((campaign / "stages" / f"train-{method}.json").read_text())["summary"]
+    cache = json.loads((campaign / "stages" / "cache.json").read_text())["summary"]
+    tokens = round(summary["epochs"] * cache["tokens"])  # an epoch is every cached sample once
+    logged = read_curve(campaign / "train" / method / "metrics.jsonl")
+    curve = curve_from_log(
+        logged.val_steps,
+        logged.val_expected_tau,
+        logged.eval_steps,
+        logged.eval_tau,
+        tokens_per_step=tokens / summary["steps"],
+    )
+    return ShippedRecord(
+        steps=summary["steps"],
+        epochs=summary["epochs"],
+        training_tokens=tokens,
+        val_expected_tau=summary["val_expected_tau"],
+        real_tau_last=logged.eval_tau[-1] if logged.eval_tau else None,
+        stopped_early=summary["stopped_early"],
+        size_mb=round(size_mb, 2),
+        curve=curve,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from dspark.drafters.folder import load_drafter, save_drafter
+    from dspark.drafters.shipped_record import RECORD
+    from dspark.durable import write_atomic
+    from dspark.presets.tiny import resolve_target
+    from dspark.targets import TargetAdapter
+
+    args = parse_args(argv)
     target = TargetAdapter.from_pretrained(resolve_target(args.target))
     dest = args.dest / args.target
-    record_path = dest / "SHIPPED.json"
+    record_path = dest / RECORD
     shipped = json.loads(record_path.read_text()) if record_path.is_file() else {}
     for method in args.methods.split(","):
         stage = args.campaign / "stages" / f"train-{method}.json"
@@ -57,18 +91,13 @@ def main() -> int:
         too_big = {k: round(v, 1) for k, v in sizes.items() if v > args.max_mb}
         if too_big:
             raise SystemExit(f"{method}: files over {args.max_mb} MB: {too_big}; remove {folder}")
-        curve = read_curve(args.campaign / "train" / method / "metrics.jsonl")
-        cache = json.loads((args.campaign / "stages" / "cache.json").read_text())["summary"]
-        shipped[method] = {
-            "steps": summary["steps"],
-            "epochs": summary["epochs"],
-            "stopped_early": summary["stopped_early"],
-            "training_tokens": round(summary["epochs"] * cache["tokens"]),
-            "val_expected_tau": summary["val_expected_tau"],
-            "real_tau_last": curve.eval_tau[-1] if curve.eval_tau else None,
-            "size_mb": round(sum(sizes.values()), 2),
-        }
-        print(f"{method}: shipped to {folder} ({shipped[method]})")
+        record = record_for(args.campaign, method, sum(sizes.values()))
+        shipped[method] = record.as_json()
+        points = len(record.curve.steps) if record.curve else 0
+        print(
+            f"{method}: shipped to {folder} ({record.steps} steps, {record.epochs} epochs, "
+            f"curve of {points} points)"
+        )
     write_atomic(record_path, json.dumps(shipped, indent=1, sort_keys=True) + "\n", mkdir=True)
     return 0
 

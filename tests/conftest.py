@@ -9,11 +9,14 @@ beyond the 1e-5 tolerances the tests use.
 from __future__ import annotations
 
 import os
+import tempfile
 
 # No test may touch the network (SPEC §11: everything runs offline). Set before any
 # transformers / huggingface_hub import reads it.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
+# SPS profiles of the tests' throwaway targets stay out of the user's cache (one folder per run).
+os.environ.setdefault("DSPARK_SPS_DIR", tempfile.mkdtemp(prefix="dspark-sps-"))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

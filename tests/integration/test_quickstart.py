@@ -1,23 +1,47 @@
-"""``dspark quickstart --fast`` end to end on the embedded tiny target, then a resumed rerun."""
+"""``dspark quickstart --fast`` end to end on the embedded tiny target, then a resumed rerun.
+
+The run compares with shipped drafters from a tmp folder (``--shipped``): copies of the
+package's DFlash and DSpark, with a SHIPPED.json that records DFlash with a hand-made
+learning curve and DSpark without one.
+"""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
 from dspark.cli import main
+from dspark.drafters.shipped import shipped_root
+from dspark.drafters.shipped_record import MEASURE, RECORD, ShippedCurve, ShippedRecord
 from dspark.quickstart.pipeline import REFERENCES
 from dspark.quickstart.plan import FAST, METHODS
 from dspark.quickstart.stages import Stages
 
-STAGES = ["regenerate", *(f"train-{m}" for m in METHODS), "calibrate", "eval", "serve"]
+STAGES = ["regenerate", *(f"train-{m}" for m in METHODS), "calibrate", "validation", "eval", "serve"]
+CURVE = ShippedCurve(
+    measure=MEASURE, tokens_per_step=1000.0, steps=(100, 1000, 4000), expected_tau=(1.01, 2.0, 3.0)
+)
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def shipped(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shipped")
+    for method in ("dflash", "dspark"):
+        shutil.copytree(shipped_root() / "tiny" / method, root / "tiny" / method)
+    records = {
+        "dflash": ShippedRecord(steps=4000, epochs=4.0, training_tokens=4_000_000, curve=CURVE).as_json(),
+        "dspark": ShippedRecord(steps=300, epochs=0.3, training_tokens=300_000).as_json(),
+    }
+    (root / "tiny" / RECORD).write_text(json.dumps(records))
+    return root
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, shipped):
     out = tmp_path_factory.mktemp("quickstart")
-    assert main(["quickstart", "--fast", "--no-progress", "--out", str(out)]) == 0
+    assert main(["quickstart", "--fast", "--no-progress", "--out", str(out), "--shipped", str(shipped)]) == 0
     return out
 
 
@@ -47,10 +71,13 @@ def test_figures_come_from_the_run(run):
     rows = _stage(run, "eval")["rows"]
     plain = {r["domain"]: r for r in rows if r["drafter"] == "none"}
     drafted = [r for r in rows if r["drafter"] != "none"]
-    assert {r["drafter"] for r in drafted} == set(METHODS) | set(REFERENCES)
+    assert {r["drafter"] for r in drafted} == set(METHODS) | set(REFERENCES) | {"dflash-shipped"}
     for r in drafted:
         assert 1.0 <= r["tau"] <= FAST.block_size + 1
-        assert r["tau"] == pytest.approx((r["tokens"]) / r["num_rounds"], rel=1e-6)
+        # τ = mean(accepted + 1) over rounds; an answer's last round may be cut at EOS or
+        # max_tokens (≤ γ tokens lost, one round per single-turn answer), so tokens ≤ τ · rounds
+        drafted_tokens = r["tau"] * r["num_rounds"]
+        assert drafted_tokens - FAST.block_size * FAST.eval_prompts <= r["tokens"] <= drafted_tokens + 1e-6
         # speedup = measured tokens/s over plain decoding's on the same prompts
         assert r["speedup"] == pytest.approx(r["tokens_per_s"] / plain[r["domain"]]["tokens_per_s"], rel=1e-6)
     summary = json.loads((run / "summary.json").read_text())
@@ -108,12 +135,42 @@ def test_report_records_threads_dtype_and_load(run):
     assert "**Two plain-decoding speeds.**" in report
 
 
-def test_rerun_resumes_every_stage_and_prints_the_headline(run, capsys):
-    assert main(["quickstart", "--fast", "--no-progress", "--out", str(run)]) == 0
+def test_the_shipped_drafters_are_compared_on_the_same_validation_set(run):
+    evaluated = _stage(run, "eval")
+    val = evaluated["validation"]
+    assert val["samples"] == 3 * FAST.val_prompts and val["tokens"] > 0
+    names = {*METHODS, "dflash-shipped", "dspark-shipped"}
+    assert set(val["expected_tau"]) == names
+    for tau in val["expected_tau"].values():
+        assert 1.0 <= tau <= FAST.block_size + 1
+    # the trained DFlash and the shipped one differ (other weights), so their expected τ do too
+    assert val["expected_tau"]["dflash"] != val["expected_tau"]["dflash-shipped"]
+    report = (run / "report.md").read_text()
+    section = report.split("## Beside the shipped drafters")[1].split("\n## ")[0]
+    dflash = next(line for line in section.splitlines() if line.startswith("| **dflash**"))
+    assert "4,000 steps, 4.0 epochs, 4.00 M tokens" in dflash
+    assert f"| {val['expected_tau']['dflash']:.2f} |" in dflash
+    assert f"| {val['expected_tau']['dflash-shipped']:.2f} |" in dflash
+    assert "of the shipped run" in dflash or "already at or above" in dflash
+    dspark = next(line for line in section.splitlines() if line.startswith("| **dspark**"))
+    assert "no learning curve" in dspark or "already at or above" in dspark
+    assert (run / "eval" / "shipped_curves.png").stat().st_size > 1000
+
+
+def test_a_missing_shipped_folder_is_a_one_line_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["quickstart", "--fast", "--out", str(tmp_path), "--shipped", str(tmp_path / "nope")])
+    assert e.value.code == 2
+    assert "dspark: error: --shipped" in capsys.readouterr().err
+
+
+def test_rerun_resumes_every_stage_and_prints_the_headline(run, shipped, capsys):
+    assert main(["quickstart", "--fast", "--no-progress", "--out", str(run), "--shipped", str(shipped)]) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["resumed"] == STAGES
     out = capsys.readouterr()
     assert "skipped" in out.err
-    shipped = summary["headline"]["shipped_math_tau"]
-    assert f"shipped DSpark on math: τ {shipped:.2f}" in out.out
+    shipped_tau = summary["headline"]["shipped_math_tau"]
+    assert f"shipped DSpark on math: τ {shipped_tau:.2f}" in out.out
+    assert "dflash vs shipped: expected τ" in out.out
     assert out.out.rstrip().splitlines()[-1] == f"report: {run / 'report.md'}"

@@ -23,6 +23,8 @@ class Curve:
     expected_tau: list[float] = field(default_factory=list)
     eval_steps: list[int] = field(default_factory=list)
     eval_tau: list[float] = field(default_factory=list)
+    val_steps: list[int] = field(default_factory=list)  # evaluations on the fixed validation samples
+    val_expected_tau: list[float] = field(default_factory=list)
     tokens_per_s: float | None = None
 
 
@@ -38,6 +40,9 @@ def read_curve(metrics: Path) -> Curve:
         if isinstance(record.get("eval/tau"), int | float):
             curve.eval_steps.append(int(record["step"]))
             curve.eval_tau.append(float(record["eval/tau"]))
+        if isinstance(record.get("eval/val_expected_tau"), int | float):
+            curve.val_steps.append(int(record["step"]))
+            curve.val_expected_tau.append(float(record["eval/val_expected_tau"]))
     return curve
 
 

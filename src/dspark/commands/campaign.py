@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -15,8 +14,9 @@ from dspark.errors import DsparkError
 
 def default_root() -> Path:
     """Campaign state lives in the user cache, outside any checkout: ``~/.cache/dspark/campaigns``."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "dspark" / "campaigns"
+    from dspark.user_cache import cache_root
+
+    return cache_root() / "campaigns"
 
 
 def add_campaign_args(p: argparse.ArgumentParser) -> None:

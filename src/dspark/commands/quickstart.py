@@ -23,6 +23,14 @@ def add_quickstart_args(p: argparse.ArgumentParser) -> None:
         help="run folder (default: runs/quickstart, or runs/quickstart-fast with --fast); "
         "rerunning into it resumes the finished stages",
     )
+    p.add_argument(
+        "--shipped",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="shipped drafters to compare with, laid out like the package's (<target>/<method>/ and "
+        "<target>/SHIPPED.json, as scripts/ship_drafters.py --dest writes them; default: the package's)",
+    )
     add_dtype(p)
     add_no_progress(p, help="no progress bars (stage lines still print)")
 
@@ -34,11 +42,17 @@ def main_quickstart(args: argparse.Namespace) -> int:
     trains DFlash, DSpark and Eagle3 with equal budgets (online target features),
     fits STS temperatures for DSpark, evaluates all three against plain decoding on the
     built-in math/code/chat prompts, runs a short serving sweep behind the real HTTP
-    server, and writes <out>/report.md with the tables and plots. No network, no GPU.
+    server, and writes <out>/report.md with the tables and plots. Shipped drafters with a
+    SHIPPED.json record are evaluated beside the trained ones, and the report estimates
+    from their learning curves how many more steps the trained ones would need to reach
+    them. No network, no GPU.
     """
+    from dspark.errors import DsparkError
     from dspark.quickstart import FAST, FULL, run_quickstart
     from dspark.quickstart.report import headline_lines
 
+    if args.shipped is not None and not args.shipped.is_dir():
+        raise DsparkError(f"--shipped {args.shipped}: no such folder")
     plan = FAST if args.fast else FULL
     out = args.out or Path("runs") / ("quickstart-fast" if args.fast else "quickstart")
     report = run_quickstart(
@@ -47,6 +61,7 @@ def main_quickstart(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         announce=lambda line: print(line, file=sys.stderr, flush=True),
         dtype=args.dtype,
+        shipped_root=args.shipped,
     )
     for line in headline_lines(json.loads((report.parent / "summary.json").read_text())):
         print(line)

@@ -75,6 +75,34 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="online features: run a micro-batch's samples through the target flattened, no padding",
     )
+    recipes = p.add_argument_group(
+        "recipes beside the paper's (dspark only; the defaults are the paper's recipe, README "
+        "'Training recipes')"
+    )
+    recipes.add_argument(
+        "--warm-start",
+        type=Path,
+        default=None,
+        metavar="DFLASH_DIR",
+        help="initialise the backbone from a trained DFlash drafter folder of the same target, layers, "
+        "block size and mask token; the Markov and confidence heads start fresh (a resumed run keeps "
+        "its checkpoint's weights)",
+    )
+    recipes.add_argument(
+        "--ce-warmup-frac",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="train on cross-entropy (+ the confidence term) for the first fraction F of --steps, "
+        "then on the paper's objective, 0.1 CE + 0.9 TV + confidence (0: TV from step 1)",
+    )
+    recipes.add_argument(
+        "--head-lr-mult",
+        type=float,
+        default=1.0,
+        metavar="M",
+        help="the sequential (Markov/RNN) head's learning rate as M × --lr, same schedule",
+    )
     p.add_argument("--limit", type=int, default=None, help="use only the first N records")
     add_template_kwargs(p)
     p.add_argument("--save-every", type=int, default=100, help="checkpoint every N steps (0: at the end)")
@@ -144,6 +172,27 @@ def _feature_cache(root: Path | None, target, data, template_kwargs, max_length:
     return cache
 
 
+def _check_recipe_args(args: argparse.Namespace) -> None:
+    """The recipe flags' one-line errors, before anything is loaded."""
+    used = [
+        flag
+        for flag, on in (
+            ("--warm-start", args.warm_start is not None),
+            ("--ce-warmup-frac", args.ce_warmup_frac != 0.0),
+            ("--head-lr-mult", args.head_lr_mult != 1.0),
+        )
+        if on
+    ]
+    if used and args.drafter != "dspark":
+        raise DsparkError(f"{', '.join(used)}: only for --drafter dspark (got {args.drafter})")
+    if not 0.0 <= args.ce_warmup_frac < 1.0:
+        raise DsparkError(f"--ce-warmup-frac must be in [0, 1), got {args.ce_warmup_frac}")
+    if not args.head_lr_mult > 0:
+        raise DsparkError(f"--head-lr-mult must be > 0, got {args.head_lr_mult}")
+    if args.warm_start is not None and not (args.warm_start / "config.json").is_file():
+        raise DsparkError(f"--warm-start {args.warm_start}: not a drafter folder (no config.json)")
+
+
 def main_train(args: argparse.Namespace) -> int:
     """Train a drafter against a frozen target (one process, or many under torchrun)."""
     import torch
@@ -161,6 +210,7 @@ def main_train(args: argparse.Namespace) -> int:
 
     set_threads(args.threads)
     template_kwargs = args.template_kwargs
+    _check_recipe_args(args)
     config = _drafter_config(args.drafter, args.preset, is_tiny(args.target))
     if args.draft_vocab is not None:
         if args.draft_vocab < 1:
@@ -177,6 +227,9 @@ def main_train(args: argparse.Namespace) -> int:
         resume=not args.no_resume,
         activation_checkpointing=args.activation_checkpointing,
         pack_target=args.pack_target,
+        warm_start=str(args.warm_start) if args.warm_start else None,
+        ce_warmup_frac=args.ce_warmup_frac,
+        head_lr_mult=args.head_lr_mult,
     )
     with distributed.launch() as world:
         target = load_target(args.target, device=world.device)

@@ -5,7 +5,8 @@ one shipped target (``tiny``: the embedded tiny target; ``smollm2``: SmolLM2-135
 ``--drafter dspark`` means "the shipped DSpark drafter of the target I loaded": the folder
 is found by what its ``config.json`` says of its target (vocabulary, depth, and the
 sha256 of the target's embedding and head when the folder leaves them out), and
-:func:`dspark.drafters.folder.load_drafter` then checks it fully.
+:func:`dspark.drafters.folder.load_drafter` then checks it fully. ``SHIPPED.json`` beside
+a target's folders says how they were trained (:mod:`dspark.drafters.shipped_record`).
 """
 
 from __future__ import annotations
@@ -24,9 +25,12 @@ def shipped_root() -> Path:
     return Path(str(resources.files("dspark") / "assets" / "drafters"))
 
 
-def shipped_targets(method: str | None = None) -> list[str]:
-    """The shipped targets (folder names), those with a drafter of ``method`` if given."""
-    root = shipped_root()
+def shipped_targets(method: str | None = None, *, root: Path | None = None) -> list[str]:
+    """The shipped targets (folder names), those with a drafter of ``method`` if given.
+
+    ``root`` is a folder laid out like the package's (default :func:`shipped_root`).
+    """
+    root = root if root is not None else shipped_root()
     if not root.is_dir():
         return []
     return sorted(
@@ -56,15 +60,16 @@ def fits_target(raw: dict, target) -> bool:
     return True
 
 
-def shipped_drafter_dir(method: str, target=None) -> Path:
-    """The folder of the shipped ``method`` drafter for ``target`` (the tiny target's if None).
+def shipped_drafter_dir(method: str, target=None, *, root: Path | None = None) -> Path:
+    """The folder of the shipped ``method`` drafter for ``target`` (the tiny target's if None),
+    under ``root`` (default :func:`shipped_root`).
 
     Raises a one-line :class:`DsparkError` naming the targets that do have one.
     """
-    root = shipped_root()
+    root = root if root is not None else shipped_root()
     if target is None:
         return root / DEFAULT_TARGET / method
-    candidates = shipped_targets(method)
+    candidates = shipped_targets(method, root=root)
     for name in candidates:
         if fits_target(_raw_config(root / name / method), target):
             return root / name / method

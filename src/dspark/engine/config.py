@@ -31,7 +31,8 @@ class EngineConfig:
     # early exit and cost-aware drafting. The commands turn it on (--no-payoff-control: off).
     payoff: bool = False
     choose_proposer: bool = True  # with payoff: n-gram lookup or the model drafter, per request
-    draft_costs: tuple[tuple[str, float], ...] | None = None  # fixed d_p (s/request) instead of measured
+    # fixed d_p (s/request) instead of measured, and steps priced by the SPS table alone (tests)
+    draft_costs: tuple[tuple[str, float], ...] | None = None
     sps_path: Path | None = None  # SPS profile to load or create; None = the per-target cache file
 
     def __post_init__(self) -> None:

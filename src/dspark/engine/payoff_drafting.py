@@ -9,6 +9,11 @@ parts into one :class:`~dspark.protocols.DraftBlock` in the order of the draftin
 requests. One proposer per request per round: each row of the merged block is exactly
 what one proposer would have drafted alone, so verification keeps the target's
 distribution.
+
+Costs are measured where the engine runs: step times are the engine's own forwards over
+the SPS profile (:class:`~dspark.scheduler.step_times.StepTimes`), drafting seconds an
+average per proposer of its calls — leaving out a request's first model proposal, which
+also pays the drafter's pass over the whole prompt, once per request.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from dspark.scheduler.payoff import (
     RoundCosts,
     shadow_outcome,
 )
+from dspark.scheduler.step_times import StepTimes
 
 POOL_MEMORY = 0.99  # per pooled observation
 SHADOW_EVERY = 4  # tokens between n-gram lookups while the n-gram does not pay
@@ -38,7 +44,8 @@ NGRAM, MODEL = "ngram", "model"
 
 
 class PayoffDrafting:
-    """Per-round proposer choice for an engine; ``draft_costs`` fixes d_p instead of measuring it."""
+    """Per-round proposer choice for an engine. ``draft_costs`` fixes d_p instead of measuring
+    it and prices steps with ``sps`` as is (no observed step times): a timing for tests."""
 
     def __init__(
         self,
@@ -63,6 +70,7 @@ class PayoffDrafting:
         self.config = config or PayoffConfig()
         self.fixed_costs = dict(draft_costs) if draft_costs is not None else None
         self.draft_s: dict[str, float] = {}  # EMA of drafting seconds per request, per proposer
+        self.step_times = StepTimes(sps)
         self.lazy_update = hasattr(self.model, "sync_context")
         # Every request's outcomes pooled per proposer, slowly forgotten: the prior a request's
         # own rates shrink to (a new request starts from what the others saw, not from 0.5).
@@ -75,8 +83,15 @@ class PayoffDrafting:
         R = max(num_requests, 1)
         draft_s = self.fixed_costs if self.fixed_costs is not None else self.draft_s
         return RoundCosts(
-            verify_s=verify_costs(self.sps, R, self.block_size), tokens_per_s=R * self.sps(R), draft_s=draft_s
+            verify_s=self.step_times.verify_costs(R, self.block_size),
+            tokens_per_s=self.step_times.tokens_per_s(R),
+            draft_s=draft_s,
         )
+
+    def observe_step(self, num_tokens: int, seconds: float) -> None:
+        """A decode/verification forward (no prefill rows) of ``num_tokens`` rows took ``seconds``."""
+        if self.fixed_costs is None:
+            self.step_times.observe(num_tokens, seconds)
 
     def _measured(self, name: str, seconds: float, count: int) -> None:
         if count:
@@ -143,7 +158,10 @@ class PayoffDrafting:
             parts.append(
                 (by_model, self.model.propose([r.state for r in by_model], K, [r.params for r in by_model]))
             )
-            self._measured(MODEL, time.perf_counter() - started, len(by_model))
+            if all(
+                r.payoff.record(MODEL).first_tested > 0 for r in by_model
+            ):  # no first (whole-prompt) proposal
+                self._measured(MODEL, time.perf_counter() - started, len(by_model))
         if by_ngram:
             tokens = torch.zeros(len(by_ngram), K, dtype=torch.long)  # [n, K]
             lengths = torch.zeros(len(by_ngram), dtype=torch.long)  # [n]
@@ -183,13 +201,6 @@ class PayoffDrafting:
         if outcome is not None:
             self._observe(req, NGRAM, *outcome)
             req.shadow = None
-
-
-def verify_costs(sps: SpsTable, num_requests: int, K: int) -> tuple[float, ...]:
-    """``v(ℓ)``, ℓ = 0..K: seconds per request that verifying ℓ drafts each adds to a step of R requests."""
-    R = num_requests
-    base = 1.0 / sps(R)
-    return tuple((1.0 / sps(R + R * ell) - base) / R for ell in range(K + 1))
 
 
 def merge_blocks(

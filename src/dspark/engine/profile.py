@@ -20,6 +20,7 @@ import torch
 from dspark.scheduler import SpsTable, default_sizes, measure_sps
 from dspark.targets import TargetAdapter
 from dspark.targets.flat import KVStore, Run, flat_forward
+from dspark.user_cache import sps_dir
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ def profile_key(target: TargetAdapter, *, num_slots: int, block_size: int, conte
 
 def default_profile_path(key: dict) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return Path.home() / ".cache" / "dspark" / "sps" / f"{digest}.json"
+    return sps_dir() / f"{digest}.json"
 
 
 def step_runs(num_tokens: int, num_slots: int, context: int) -> list[Run]:

@@ -107,3 +107,7 @@ class Request:
             error=self.error,
             seconds=(self.finished_at or time.perf_counter()) - self.submitted_at,
         )
+
+
+# How the engine ends a request: (request, finish reason, text or None to decode it).
+Finish = Callable[[Request, str, str | None], None]

@@ -3,11 +3,12 @@
 Layout of a run folder::
 
     data/answers.jsonl          the target's own answers to its training prompts
+    data/validation.jsonl       its answers to held-out built-in prompts (expected τ of every drafter)
     train/<method>/             trainer output (checkpoints, metrics.jsonl)
     drafters/<method>/          the trained drafters (HF folders, DESIGN §5.4)
     drafters/dspark-sts/        DSpark with its fitted STS temperatures
     calibration/                calibration.json / .md, reliability.png
-    eval/                       results.json, report.md, plots
+    eval/                       results.json, report.md, plots (shipped_curves.png: beside the shipped)
     serve/                      results.json, throughput_vs_per_user.png
     stages/<stage>.json         resume markers
     report.md                   the summary of everything above
@@ -15,9 +16,7 @@ Layout of a run folder::
 
 from __future__ import annotations
 
-import itertools
 import json
-import random
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,14 +24,15 @@ from typing import Any
 
 from dspark import conditions as run_conditions
 from dspark.drafters.folder import file_sha256
-from dspark.drafters.registry import shipped_drafter_dir
-from dspark.errors import DsparkError
+from dspark.quickstart.answers import answer, errors_file, mean_tokens, summary_of, training_prompts
 from dspark.quickstart.plan import DOMAINS, METHODS, QuickstartPlan
+from dspark.quickstart.references import REFERENCES, shipped_references
 from dspark.quickstart.stages import Stages
 
 CALIBRATED = "dspark-sts"
-SHIPPED_REFERENCE = "dspark"  # the shipped drafter evaluated beside the ones trained here
-REFERENCES = ("ngram", "dspark-shipped")  # eval rows that were not trained by this run
+ROW_FIELDS = ("drafter", "benchmark", "domain", "tau", "tokens_per_s", "speedup", "num_rounds", "tokens")
+ROW_FIELDS += ("conditional_acceptance",)  # what the eval stage keeps of each result row
+__all__ = ["REFERENCES", "Quickstart", "run_quickstart", "training_prompts"]
 
 
 def _sha256(path: Path) -> str:
@@ -52,24 +52,6 @@ def last_metrics(run_dir: Path) -> dict[str, float]:
     return {k: v for k, v in record.items() if isinstance(v, int | float)}
 
 
-def training_prompts(count: int, seed: int):
-    """``count`` of the tiny target's training prompts, balanced over math / code / chat."""
-    from dspark.data.prompts import Prompt
-    from dspark.tiny.corpus import training_records
-
-    by_domain: dict[str, list] = {d: [] for d in DOMAINS}
-    for i, record in enumerate(training_records()):
-        if record["domain"] in by_domain:
-            user = record["conversations"][0]["content"]
-            by_domain[record["domain"]].append(Prompt((user,), record["domain"], f"tiny-corpus:{i}"))
-    rng = random.Random(seed)
-    for items in by_domain.values():
-        rng.shuffle(items)
-    per = -(-count // len(DOMAINS))
-    mixed = [p for group in itertools.zip_longest(*(v[:per] for v in by_domain.values())) for p in group if p]
-    return mixed[:count]
-
-
 class Quickstart:
     """One run: the plan, the run folder, the loaded target, and the stages."""
 
@@ -81,6 +63,7 @@ class Quickstart:
         progress: bool,
         announce: Callable[[str], None],
         dtype: str = "auto",
+        shipped_root: Path | None = None,
     ):
         from dspark.presets.tiny import tiny_target_dir
         from dspark.targets import TargetAdapter
@@ -100,6 +83,7 @@ class Quickstart:
             else TargetAdapter.from_pretrained(str(tiny_target_dir()), dtype=decode_dtype)
         )
         self.target_id = _sha256(tiny_target_dir() / "model.safetensors")
+        self.shipped = shipped_references(self.target, shipped_root)  # compared in the eval stage
 
     # -- 1. data ------------------------------------------------------------------------------
 
@@ -109,38 +93,45 @@ class Quickstart:
             "train_prompts", "regen_max_tokens", "regen_temperature", "seed"
         )
         answers = self.out / "data" / "answers.jsonl"
-        errors = answers.with_name("answers.errors.jsonl")
 
         def run() -> dict[str, Any]:
-            from dspark.data.regenerate import InProcessBackend, RegenerateConfig, regenerate
-            from dspark.protocols import SamplingParams
-
             prompts = training_prompts(p.train_prompts, p.seed)
-            params = SamplingParams(
-                temperature=p.regen_temperature, max_tokens=p.regen_max_tokens, seed=p.seed
-            )
-            backend = InProcessBackend(self.target, drafter=None, max_batch=8, max_seq_len=512)
-            summary = regenerate(
+            summary = answer(
+                self.target,
                 prompts,
-                backend,
                 answers,
-                errors,
-                params,
-                RegenerateConfig(concurrency=8, progress=self.progress),
+                temperature=p.regen_temperature,
+                max_tokens=p.regen_max_tokens,
+                seed=p.seed,
+                progress=self.progress,
             )
-            if summary.failed:
-                raise DsparkError(
-                    f"{summary.failed} training prompts failed; reasons in {errors}; rerun to retry"
-                )
-            return {
-                "prompts": summary.total,
-                "completion_tokens": summary.completion_tokens,
-                "tokens_per_s": round(summary.tokens_per_s, 1),
-                "answers": str(answers.relative_to(self.out)),
-                "data_id": _sha256(answers),
-            }
+            return summary_of(summary, answers, self.out, _sha256(answers))
 
-        return self.stages.run("regenerate", key, run, outputs=(answers, errors))
+        return self.stages.run("regenerate", key, run, outputs=(answers, errors_file(answers)))
+
+    def validation_data(self) -> dict[str, Any]:
+        """The target's answers to the built-in prompts after the evaluation and calibration ones."""
+        p = self.plan
+        key = {"target": self.target_id} | p.part(
+            "eval_prompts", "calib_prompts", "val_prompts", "regen_max_tokens", "regen_temperature", "seed"
+        )
+        answers = self.out / "data" / "validation.jsonl"
+
+        def run() -> dict[str, Any]:
+            benches = self._builtin(skip=p.eval_prompts + p.calib_prompts, count=p.val_prompts)
+            prompts = [x for group in zip(*(b.prompts for b in benches)) for x in group]
+            summary = answer(
+                self.target,
+                prompts,
+                answers,
+                temperature=p.regen_temperature,
+                max_tokens=p.regen_max_tokens,
+                seed=p.seed + 1,
+                progress=self.progress,
+            )
+            return summary_of(summary, answers, self.out, _sha256(answers))
+
+        return self.stages.run("validation", key, run, outputs=(answers, errors_file(answers)))
 
     # -- 2. training --------------------------------------------------------------------------
 
@@ -267,45 +258,57 @@ class Quickstart:
 
     # -- 4. evaluation ------------------------------------------------------------------------
 
-    def evaluate(self, drafters: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    def evaluate(self, drafters: dict[str, dict[str, Any]], data: dict, validation: dict) -> dict[str, Any]:
+        """Every drafter on the same prompts (τ, speed) and the same validation set (expected τ)."""
         p = self.plan
-        shipped = shipped_drafter_dir(SHIPPED_REFERENCE)
         key = {m: d["drafter_id"] for m, d in drafters.items()} | p.part(
             "eval_prompts", "eval_max_tokens", "temperature", "seed"
         )
-        key |= {"references": list(REFERENCES), "shipped": _folder_id(shipped)}
-        key |= {"dtype": str(self.decode_target.dtype)}
+        key |= {"references": list(REFERENCES), "dtype": str(self.decode_target.dtype)}
+        key |= {
+            "shipped": {r.row: [_folder_id(r.folder), r.record and r.record.as_json()] for r in self.shipped}
+        }
+        key |= {"validation": validation["data_id"], "data": data["data_id"]} | p.part(
+            "num_anchors", "max_length"
+        )
 
         def run() -> dict[str, Any]:
             from dspark.drafters.folder import load_drafter
             from dspark.drafters.registry import build_drafter
             from dspark.eval.report import write_eval_report
             from dspark.eval.runner import run_eval
+            from dspark.quickstart.validation import read_samples, score_folders
 
             target = self.decode_target
-            loaded = {m: load_drafter(self.out / d["drafter"], target) for m, d in drafters.items()}
-            # references: what no training (prompt lookup) and the shipped budget reach
-            loaded[REFERENCES[0]] = build_drafter("ngram", target)
-            loaded[REFERENCES[1]] = load_drafter(shipped, target)
+            folders = {m: self.out / d["drafter"] for m, d in drafters.items()}
+            folders |= {r.row: r.folder for r in self.shipped}  # what the shipped budget reaches
+            loaded = {m: load_drafter(f, target) for m, f in folders.items()}
+            loaded[REFERENCES[0]] = build_drafter("ngram", target)  # what no training reaches
             benches = self._builtin(skip=0, count=p.eval_prompts)
             result = run_eval(target, loaded, benches, self._eval_config(p.eval_max_tokens, baseline=True))
             meta = {"target": "tiny", "drafters": {m: d["drafter"] for m, d in drafters.items()}}
             write_eval_report(result, self.out / "eval", meta)
-            rows = [
-                {
-                    "drafter": r.drafter,
-                    "benchmark": r.benchmark,
-                    "domain": r.domain,
-                    "tau": r.tau,
-                    "tokens_per_s": r.tokens_per_s,
-                    "speedup": r.speedup,
-                    "num_rounds": r.num_rounds,
-                    "tokens": r.tokens,
-                    "conditional_acceptance": r.conditional_acceptance,
-                }
-                for r in result.rows
-            ]
-            return {"rows": rows, "report": "eval/report.md"}
+            rows = [{f: getattr(r, f) for f in ROW_FIELDS} for r in result.rows]
+
+            # expected τ on the validation set, in the training dtype, every drafter on the same blocks
+            val = read_samples(self.out / validation["answers"], self.target, p.max_length)
+            val_tau = score_folders(self.target, folders, val, num_anchors=p.num_anchors, seed=p.seed)
+            train = read_samples(self.out / data["answers"], self.target, p.max_length)
+            return {
+                "rows": rows,
+                "report": "eval/report.md",
+                "validation": {
+                    "samples": len(val),
+                    "tokens": sum(len(s.input_ids) for s in val),
+                    "expected_tau": val_tau,
+                },
+                # mean tokens of one training step here (batch × mean sample length): for the estimate
+                "train_tokens_per_step": p.batch_size * mean_tokens(train),
+                "shipped": {
+                    r.row: {"method": r.method, "record": r.record and r.record.as_json()}
+                    for r in self.shipped
+                },
+            }
 
         return self.stages.run("eval", key, run)
 
@@ -352,21 +355,26 @@ def run_quickstart(
     progress: bool = True,
     announce: Callable[[str], None] = print,
     dtype: str = "auto",
+    shipped_root: Path | None = None,
 ) -> Path:
     """Run (or resume) every stage and write ``out/report.md``; returns its path.
 
     ``dtype`` is what evaluation and serving decode in (``--dtype``); training keeps its own.
+    ``shipped_root`` holds the shipped drafters to compare with (default: the package's).
     """
     from dspark.quickstart.report import write_report
 
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    qs = Quickstart(plan, out, progress=progress, announce=announce, dtype=dtype)
+    qs = Quickstart(plan, out, progress=progress, announce=announce, dtype=dtype, shipped_root=shipped_root)
     conditions = run_conditions.for_target(qs.decode_target)
     data = qs.regenerate()
     trained = {m: qs.train(m, data) for m in METHODS}
     calibration = qs.calibrate(trained["dspark"])
-    evaluated = qs.evaluate({"dflash": trained["dflash"], "dspark": calibration, "eagle3": trained["eagle3"]})
+    validation = qs.validation_data()
+    evaluated = qs.evaluate(
+        {"dflash": trained["dflash"], "dspark": calibration, "eagle3": trained["eagle3"]}, data, validation
+    )
     serving = qs.serve(calibration)
     return write_report(
         out,

@@ -31,6 +31,9 @@ class QuickstartPlan:
     eval_prompts: int = 8  # per domain
     eval_max_tokens: int = 96
     temperature: float = 1.0
+    # validation set: the target's answers to the built-in prompts after the calibration ones
+    # (per domain); every drafter's expected τ is measured on it (quickstart/validation.py)
+    val_prompts: int = 8
     # serving sweep with the calibrated DSpark drafter behind the real HTTP server
     serve_policies: tuple[str, ...] = ("none", "fixed:1", "fixed", "prefix")
     serve_concurrency: tuple[int, ...] = (1, 4, 16)
@@ -57,6 +60,7 @@ FAST = QuickstartPlan(
     calib_prompts=3,
     eval_prompts=2,
     eval_max_tokens=32,
+    val_prompts=2,
     serve_policies=("none", "prefix"),
     serve_concurrency=(1, 4),
     serve_max_tokens=24,

@@ -11,8 +11,9 @@ from typing import Any
 from dspark.conditions import RunConditions, machine_busy
 from dspark.conditions import markdown as conditions_markdown
 from dspark.eval.report import md_table
-from dspark.quickstart.pipeline import REFERENCES
+from dspark.quickstart import comparison
 from dspark.quickstart.plan import DOMAINS, METHODS, QuickstartPlan
+from dspark.quickstart.references import is_reference
 from dspark.quickstart.stages import StageLog
 
 PLAIN = "none"
@@ -188,9 +189,10 @@ def headline_figures(
     speedups: dict[str, dict[int, float]],
     calibration: dict[str, Any],
     conditions: RunConditions | None,
+    compared: list[comparison.Comparison] = (),
 ) -> dict[str, Any]:
     """The few figures the quickstart prints at its end (also in ``summary.json``)."""
-    trained = {m: v for m, v in means.items() if m not in REFERENCES}
+    trained = {m: v for m, v in means.items() if not is_reference(m)}
     best = max(trained, key=lambda m: trained[m]["tau"] or 0.0) if trained else None
     math = next((r for r in rows if r["drafter"] == "dspark-shipped" and r["domain"] == "math"), None)
     return {
@@ -202,6 +204,7 @@ def headline_figures(
         "serving_speedups": {p: {str(c): round(v, 3) for c, v in d.items()} for p, d in speedups.items()},
         "calibration_improved": calibration.get("improved"),
         "mean_ece": [calibration["mean_ece_before"], calibration["mean_ece_after"]],
+        "shipped_comparison": comparison.headline(list(compared)),
         "busy": conditions.busy if conditions else None,
         "warning": conditions.warning() if conditions else None,
     }
@@ -226,6 +229,7 @@ def headline_lines(summary: dict[str, Any]) -> list[str]:
         f"calibration: mean held-out ECE {_pct(ece[0])} → {_pct(ece[1])}"
         + ("" if h["calibration_improved"] is not False else " (no temperature improved it: none written)"),
     ]
+    lines += comparison.headline_lines(h.get("shipped_comparison") or [])
     if h.get("warning"):
         lines.append(f"warning: {h['warning']}")
     return lines
@@ -272,7 +276,10 @@ def write_report(
         [name, _f(seconds, 0, " s"), "resumed" if name in log.resumed else "ran", _loads(log.loads.get(name))]
         for name, seconds in log.seconds.items()
     ]
-    trained_means = {m: v for m, v in means.items() if m not in REFERENCES}
+    trained_means = {m: v for m, v in means.items() if not is_reference(m)}
+    compared = comparison.comparisons(evaluated, trained, means)
+    curves_png = comparison.plot_curves(compared, out / comparison.PLOT)
+    shipped_md = comparison.comparison_markdown(compared, evaluated.get("validation") or {}, curves_png)
     best = max(trained_means, key=lambda m: trained_means[m]["tau"] or 0.0) if trained_means else None
     smoke = " (`--fast`: a smoke run whose budgets are far too small for meaningful acceptance)"
     smoke = smoke if plan.train_steps < 20 else ""
@@ -301,7 +308,9 @@ finished by an earlier invocation): {stage_seconds:.0f} s.
    built-in prompts disjoint from the evaluation ones → `{calibration["drafter"]}`.
 4. **eval** — first {plan.eval_prompts} prompts of each built-in set, temperature {plan.temperature},
    ≤ {plan.eval_max_tokens} tokens, same prompts and seeds for every method; speedups are tokens/s over
-   plain decoding of the same prompts in the same run (batch 1, fixed γ = {plan.block_size}).
+   plain decoding of the same prompts in the same run (batch 1, fixed γ = {plan.block_size}); expected τ
+   of every drafter, the shipped ones included, on the target's answers to the next {plan.val_prompts}
+   prompts of each set after the calibration ones (the validation set).
 5. **serve** — the calibrated DSpark drafter behind the real HTTP server, closed-loop clients,
    policies {", ".join(f"`{p}`" for p in plan.serve_policies)}.
 
@@ -315,12 +324,16 @@ finished by an earlier invocation): {stage_seconds:.0f} s.
 
 {eval_md}
 
-Highest mean τ of the drafters trained here: **{best}**. For reference, two rows this run
-did not train: `ngram` (prompt lookup, no training at all) and `dspark-shipped` (the
-drafter in the package, 2,400 sequences of ≤ 512 tokens of the target's own corpus). Full
-per-benchmark report with histograms and prefix survival: [eval/report.md](eval/report.md).
+Highest mean τ of the drafters trained here: **{best}**. For reference, rows this run did
+not train: `ngram` (prompt lookup, no training at all) and `<method>-shipped` (the drafters
+in the package; how they were trained is in the next section). Full per-benchmark report
+with histograms and prefix survival: [eval/report.md](eval/report.md).
 
 ![conditional acceptance](eval/conditional_acceptance.png)
+
+## Beside the shipped drafters
+
+{shipped_md}
 
 ## Calibration of DSpark's confidence head (STS)
 
@@ -347,7 +360,7 @@ Per-user speed over plain decoding at the same number of clients:
 {_shipped_text(means, evaluated["rows"])}
 
 The drafters here saw {plan.train_steps * plan.batch_size} sequences each; the shipped ones
-(`dspark generate --drafter dspark`) saw 2,400 and DeepSeek's millions. τ rises with the
+(`dspark generate --drafter dspark`) saw the budgets above, DeepSeek's millions. τ rises with the
 budget (BENCHMARKS.md), and on this 10.5M-parameter target a drafter forward costs a
 sizeable share of a target forward, so wall-clock speedups need τ well above 1.5. For a
 real model, follow the Qwen3-8B recipe in the README: the same stages, the same commands.
@@ -364,7 +377,7 @@ real model, follow the Qwen3-8B recipe in the README: the same stages, the same 
         | {"improved": calibration.get("improved")},
         "conditions": conditions.as_dict() if conditions else None,
         "stage_loads": log.loads,
-        "headline": headline_figures(means, evaluated["rows"], speedups, calibration, conditions),
+        "headline": headline_figures(means, evaluated["rows"], speedups, calibration, conditions, compared),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return out / "report.md"

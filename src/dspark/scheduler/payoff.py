@@ -8,7 +8,9 @@ predicted net gain
 
 where ``e_{r,p}`` is the request's own rate of first-draft acceptance with that proposer
 and ``q_{r,p}`` its rate of acceptance of a later draft given the previous one was
-accepted (decayed counts, shrunk to a prior), ``d_p`` the measured drafting seconds per
+accepted (decayed counts, shrunk to a prior: the pooled rates of every request, or the
+config's optimistic guess before any evidence, with pseudo-rounds that fade as the
+request's own rounds come in), ``d_p`` the measured drafting seconds per
 request, ``v(ℓ)`` the target seconds that verifying ℓ more tokens per request adds to
 the step at this batch (from the SPS table: ``(t(R + Rℓ) − t(R)) / R`` for R requests)
 and ``ρ`` the tokens per second plain decoding makes at this batch: the right-hand side
@@ -41,7 +43,10 @@ from dataclasses import dataclass, field
 class PayoffConfig:
     prior_first: float = 0.5  # e assumed before any evidence: optimistic, so every proposer is tried
     prior_later: float = 0.7  # q assumed before any evidence
-    prior_strength: float = 0.5  # pseudo-rounds behind the priors
+    prior_strength: float = 2.0  # pseudo-rounds behind the config's priors (no evidence yet)
+    # pseudo-rounds behind the pooled rates of every request (evidence): one miss of a request
+    # then moves its own rates a little, where at 0.5 it stopped a converged drafter for 8 rounds
+    pool_strength: float = 4.0
     memory: float = 0.9  # weight of the past per observed round (~10 rounds): texts change character
     probe_every: int = 8  # rounds of plain decoding before the first probe
     probe_max: int = 64  # the probe interval doubles up to this
@@ -50,6 +55,7 @@ class PayoffConfig:
 
     def __post_init__(self) -> None:
         ok = 0 <= self.prior_first <= 1 and 0 <= self.prior_later <= 1 and 0 <= self.memory < 1
+        ok = ok and self.prior_strength >= 0 and self.pool_strength >= 0
         if not (ok and self.probe_every >= 1 and self.probe_max >= self.probe_every and self.margin > 0):
             raise ValueError(f"bad payoff config {self}")
 
@@ -71,6 +77,7 @@ class AcceptanceRecord:
     first_accepted: float = 0.0
     later_tested: float = 0.0
     later_accepted: float = 0.0
+    rounds: int = 0  # observed rounds (undecayed): the prior fades as memory**rounds
 
     def observe(self, verified: int, accepted: int, memory: float) -> None:
         """A round that verified ``verified`` drafts and accepted the first ``accepted``."""
@@ -79,6 +86,7 @@ class AcceptanceRecord:
         # Position k >= 2 is tested iff drafts 1..k-1 were accepted, accepted iff draft k is too.
         later_tested = max(0, min(accepted + 1, verified) - 1)
         later_accepted = max(0, accepted - 1)
+        self.rounds += 1
         self.first_tested = memory * self.first_tested + 1.0
         self.first_accepted = memory * self.first_accepted + float(accepted > 0)
         if later_tested:
@@ -88,8 +96,12 @@ class AcceptanceRecord:
 
     def rates(self, config: PayoffConfig, prior: tuple[float, float] | None = None) -> tuple[float, float]:
         """``(e, q)``: first-draft and conditional later-draft acceptance, shrunk to ``prior``
-        (default: the config's priors)."""
-        s = config.prior_strength
+        (the pooled rates, with ``pool_strength``; default: the config's priors)."""
+        # The prior's pseudo-rounds fade like observed ones: evidence washes it out, so a
+        # proposer that is never accepted tends to e = 0 instead of a floor set by the prior.
+        s = (
+            config.pool_strength if prior is not None else config.prior_strength
+        ) * config.memory**self.rounds
         e0, q0 = prior if prior is not None else (config.prior_first, config.prior_later)
         e = (self.first_accepted + s * e0) / (self.first_tested + s)
         q = (self.later_accepted + s * q0) / (self.later_tested + s)

@@ -27,6 +27,7 @@ import zipfile
 from pathlib import Path
 
 from dspark.errors import DsparkError
+from dspark.user_cache import cache_root
 
 logger = logging.getLogger(__name__)
 
@@ -43,14 +44,6 @@ NEEDED_BYTES = 800 * 2**20
 
 class SmolLM2Unavailable(DsparkError):
     """SmolLM2 could not be fetched or converted (offline, no space, missing extra)."""
-
-
-def cache_root() -> Path:
-    """``$DSPARK_CACHE``, else ``$XDG_CACHE_HOME/dspark``, else ``~/.cache/dspark``."""
-    if os.environ.get("DSPARK_CACHE"):
-        return Path(os.environ["DSPARK_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "dspark"
 
 
 def smollm2_dir(root: Path | None = None) -> Path:

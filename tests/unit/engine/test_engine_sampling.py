@@ -6,7 +6,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-import dspark.engine.engine as engine_module
+import dspark.engine.draft_stage as draft_stage
 from dspark.engine import Engine, EngineConfig
 from dspark.protocols import SamplingParams
 from dspark.sampling import process_logits
@@ -116,7 +116,7 @@ def test_anticipating_scheduler_is_caught(target, appendix_a_setup, monkeypatch)
     def anticipating(policy, caps, confidences=None, *, sps=None, base_tokens=0, **_):
         return global_search(confidences.double(), caps, sps, base_tokens=base_tokens)
 
-    monkeypatch.setattr(engine_module, "schedule", anticipating)
+    monkeypatch.setattr(draft_stage, "schedule", anticipating)
     engine = Engine(
         target,
         TargetDrafter(target, favoured),

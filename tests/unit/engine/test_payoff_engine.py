@@ -208,3 +208,23 @@ def test_feature_drafters_catch_up_after_rounds_they_did_not_draft(target, sps, 
             assert result.token_ids == ref
     s = engine.stats
     assert s.model_rounds > 0 and s.cost_unprofitable > 0  # drafted, and skipped rounds
+
+
+def test_the_engine_reports_its_decode_steps_to_the_payoff_prices_unless_timing_is_fixed(target, sps):
+    """Measured costs: every pure decode/verification forward's seconds reach the step times
+    the controller prices with (keyed by its rows); hand-made timing (``draft_costs``) reads
+    no clock."""
+    from .test_engine_drafters import build
+
+    prompts = make_prompts(2, seed=5)
+    greedy = [SamplingParams(temperature=0.0, max_tokens=12)] * 2
+    measured = Engine(
+        target, build("dflash", target), EngineConfig(max_batch=2, block_size=4, payoff=True), sps=sps
+    )
+    run_engine(measured, prompts, greedy, join_after=2)
+    observed = measured.payoff.step_times.counts
+    assert observed and all(1 <= b <= 2 * (1 + 4) for b in observed)
+    assert sum(observed.values()) > 0 and measured.payoff.step_times.scale > 0
+    fixed = Engine(target, build("dflash", target), payoff_config(2), sps=sps)
+    run_engine(fixed, prompts, greedy, join_after=2)
+    assert fixed.payoff.step_times.counts == {}

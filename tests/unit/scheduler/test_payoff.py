@@ -157,3 +157,20 @@ def test_a_new_request_starts_from_the_pooled_rates():
     fresh = PayoffController()
     assert fresh.decide({"model": 7}, COSTS).proposer == "model"
     assert PayoffController().decide({"model": 7}, COSTS, priors={"model": (0.1, 0.3)}).proposer is None
+
+
+def test_a_proposer_never_accepted_tends_to_zero_acceptance():
+    """The prior's pseudo-rounds fade with the evidence: no floor set by the optimistic prior."""
+    c = controller_with({"ngram": [(7, 0)] * 60}, prior_strength=2.0)
+    e, _ = c.record("ngram").rates(c.config)
+    assert e < 0.01
+
+
+def test_one_miss_does_not_stop_a_drafter_the_pool_says_pays():
+    """The pooled rates of every request (evidence) hold a request's first rounds steady: a
+    converged drafter's request whose first proposal is rejected keeps drafting."""
+    c = controller_with({"model": [(7, 0)]})
+    pooled = {"model": (0.8, 0.7)}
+    assert c.decide({"model": 7}, COSTS, priors=pooled).proposer == "model"
+    weak = controller_with({"model": [(7, 0)]}, pool_strength=0.1)
+    assert weak.decide({"model": 7}, COSTS, priors=pooled).proposer is None

@@ -46,7 +46,7 @@ def test_measure_sps_times_the_step():
     table = measure_sps(step, [1, 4], repeats=2, warmup=0, meta={"k": 1})
     assert table.tokens == (1, 4) and table.meta == {"k": 1}
     assert table(1) > 2 * table(4)
-    assert 100 < table(4) < 130  # 8 ms per step, plus sleep overshoot
+    assert 40 < table(4) < 126  # 8 ms per step at least (sleep only overshoots, more under load)
 
 
 def test_non_decreasing_fit_removes_dips_keeps_cliffs():

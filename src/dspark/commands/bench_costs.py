@@ -1,0 +1,157 @@
+"""``dspark bench markov-overhead`` and ``dspark bench round``: where a round's time goes.
+
+Each times its parts against the rest of a round measured in the same process (the
+machine is noisy); the measuring itself lives in :mod:`dspark.eval.overhead` and
+:mod:`dspark.eval.round_cost`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from dspark.commands.argtypes import positive_int
+from dspark.commands.options import add_block_size, add_drafter, add_dtype, add_target
+from dspark.errors import DsparkError
+
+
+def add_bench_overhead_args(p: argparse.ArgumentParser) -> None:
+    add_target(p)
+    add_dtype(p)
+    add_drafter(p, default="dspark", purpose="a drafter with a sequential (Markov/RNN) head", with_none=False)
+    p.add_argument("--batch", default="1,8", help="comma-separated request counts")
+    p.add_argument("--repeats", type=positive_int, default=20, help="timings per part (the median is kept)")
+
+
+def main_bench_overhead(args: argparse.Namespace) -> int:
+    """Cost of DSpark's sequential (Markov/RNN) sampling loop as a share of a round (goal ≤ 1.3%)."""
+    from dspark import conditions as run_conditions
+    from dspark.commands.loading import load_inference_target
+    from dspark.data.chat import prompt_ids
+    from dspark.data.prompts import load_prompts
+    from dspark.drafters.registry import build_drafter
+    from dspark.eval.overhead import sequential_head_overhead
+
+    target = load_inference_target(args.target, args.dtype)
+    drafter = build_drafter(args.drafter, target)
+    if getattr(drafter, "markov_head", None) is None:
+        raise DsparkError(f"{args.drafter!r} has no sequential head to measure")
+    prompts = [prompt_ids(target.tokenizer, p) for d in ("math", "code", "chat") for p in load_prompts(d, 22)]
+    conditions = run_conditions.for_target(target)
+    print(
+        f"{'R':>4}{'backbone ms':>13}{'parallel ms':>13}{'sequential ms':>15}"
+        f"{'verify ms':>11}{'overhead':>10}"
+    )
+    for R in (int(x) for x in args.batch.split(",")):
+        t = sequential_head_overhead(target, drafter, prompts[:R], repeats=args.repeats)
+        print(
+            f"{R:>4}{t.backbone_s * 1e3:>13.2f}{t.parallel_sampling_s * 1e3:>13.2f}"
+            f"{t.sequential_sampling_s * 1e3:>15.2f}{t.verify_s * 1e3:>11.2f}{t.overhead:>10.2%}"
+        )
+    conditions = conditions.ended()
+    print(f"run conditions: {conditions.describe()}")
+    if conditions.warning():
+        print(f"warning: {conditions.warning()}", file=sys.stderr)
+    return 0
+
+
+def add_bench_round_args(p: argparse.ArgumentParser) -> None:
+    add_target(p)
+    p.add_argument(
+        "--dtypes",
+        default="float32,bfloat16",
+        help="comma-separated dtypes to load the target in, one after the other in this process",
+    )
+    add_drafter(p, default="dspark", purpose="a drafter with a sequential (Markov/RNN) head", with_none=False)
+    p.add_argument(
+        "--untrained",
+        action="store_true",
+        help="time an untrained DSpark drafter of the shipped one's shape (2 layers, rank 64) built "
+        "for --target (timings do not depend on the weights; for targets without a shipped drafter)",
+    )
+    p.add_argument("--bench", default="math", help="built-in prompt set of the engine decodes")
+    p.add_argument("--limit", type=positive_int, default=3, help="prompts decoded through the engine")
+    p.add_argument("--max-tokens", type=positive_int, default=48, help="tokens per engine answer")
+    add_block_size(p, help="drafts per round (γ)")
+    p.add_argument("--repeats", type=positive_int, default=15, help="timings per part (the median is kept)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def main_bench_round(args: argparse.Namespace) -> int:
+    """Where a greedy batch-1 round's time goes (eval/round_cost.py), per dtype; the sequential
+    loop before issue 17 is timed beside today's."""
+    import torch
+
+    from dspark import conditions as run_conditions
+    from dspark.commands.loading import load_target
+    from dspark.data.chat import prompt_ids
+    from dspark.data.prompts import load_prompts
+    from dspark.drafters.registry import build_drafter
+    from dspark.eval.round_cost import round_breakdown
+    from dspark.targets.dtype import DTYPES
+
+    names = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    unknown = [d for d in names if d not in DTYPES]
+    if unknown or not names:
+        raise DsparkError(f"--dtypes takes {', '.join(DTYPES)}; got {args.dtypes!r}")
+    rows, conditions = [], None
+    for name in names:
+        target = load_target(args.target, dtype=DTYPES[name])
+        conditions = conditions or run_conditions.for_target(target)
+        drafter = (
+            untrained_dspark(target, args.block_size)
+            if args.untrained
+            else build_drafter(args.drafter, target)
+        )
+        if getattr(drafter, "markov_head", None) is None:
+            raise DsparkError(f"{args.drafter!r} has no sequential head to measure")
+        prompts = [prompt_ids(target.tokenizer, p) for p in load_prompts(args.bench, args.limit)]
+        with torch.no_grad():
+            rows.append(
+                round_breakdown(
+                    target,
+                    drafter,
+                    prompts,
+                    block_size=args.block_size,
+                    max_tokens=args.max_tokens,
+                    repeats=args.repeats,
+                )
+            )
+    conditions = conditions.ended()
+    if args.json:
+        print(json.dumps({"rows": [r.as_dict() for r in rows], "conditions": conditions.as_dict()}, indent=2))
+    else:
+        parts = [
+            ("decode_step_s", "target decode step (1 token)"),
+            ("verify_s", "target verify (1 + γ tokens)"),
+            ("sampling_s", "target-side sampling + verification"),
+            ("backbone_s", "drafter backbone (layers + LM head)"),
+            ("loop_before_s", "DSpark loop, before issue 17"),
+            ("loop_s", "DSpark loop, now"),
+            ("propose_s", "propose, now"),
+            ("engine_forward_s", "engine step: target forward"),
+            ("engine_draft_s", "engine step: propose"),
+            ("engine_update_s", "engine step: drafter update"),
+            ("engine_bookkeeping_s", "engine step: bookkeeping"),
+        ]
+        print(f"{'ms per part':<40}" + "".join(f"{r.dtype:>12}" for r in rows))
+        for key, label in parts:
+            print(f"{label:<40}" + "".join(f"{getattr(r, key) * 1e3:>12.3f}" for r in rows))
+        print(f"{'loop speed-up (before / now)':<40}" + "".join(f"{r.loop_speedup:>11.2f}x" for r in rows))
+        print(f"run conditions: {conditions.describe()}")
+    if conditions.warning():
+        print(f"warning: {conditions.warning()}", file=sys.stderr)
+    return 0
+
+
+def untrained_dspark(target, block_size: int):
+    """A seeded random-init DSpark drafter for ``target``, shaped as the shipped tiny one."""
+    import torch
+
+    from dspark.drafters.dspark import DSparkConfig, DSparkDrafter
+
+    torch.manual_seed(0)
+    mask = target.tokenizer.pad_token_id if target.tokenizer is not None else None
+    config = DSparkConfig(num_layers=2, block_size=block_size, markov_rank=64, mask_token_id=mask or 0)
+    return DSparkDrafter.from_target(target, config).eval()

@@ -1,0 +1,113 @@
+"""``dspark bench serve``: closed-loop clients against the real server, per policy.
+
+Every point is measured in the same process as the others (the machine is noisy); the
+measuring itself lives in :mod:`dspark.server.load`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from dspark.commands.argtypes import int_list, positive_int
+from dspark.commands.options import add_block_size, add_drafter, add_dtype, add_payoff, add_target
+
+
+def add_bench_serve_args(p: argparse.ArgumentParser) -> None:
+    add_target(p)
+    add_dtype(p)
+    add_drafter(p, default="dflash", purpose="drafter of every policy but 'none'")
+    p.add_argument(
+        "--policies",
+        default="fixed:1,fixed,threshold:0.5,prefix,prefix-async,none",
+        help="comma-separated verification policies; 'none' = plain decoding",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=int_list,
+        default=[1, 2, 4, 8, 16, 32, 64],
+        help="comma-separated closed-loop client counts",
+    )
+    p.add_argument(
+        "--prompts", default="math,code,chat", help="comma-separated prompt sets (built-in or JSONL)"
+    )
+    p.add_argument("--limit", type=positive_int, default=64, help="prompts per set")
+    p.add_argument("--max-tokens", type=positive_int, default=64, help="tokens per answer")
+    p.add_argument(
+        "--requests-per-client", type=positive_int, default=2, help="requests each client sends (at least)"
+    )
+    p.add_argument(
+        "--min-requests", type=positive_int, default=12, help="requests per point at least (low concurrency)"
+    )
+    add_block_size(p)
+    p.add_argument("--max-seq-len", type=positive_int, default=512, help="tokens per KV slot")
+    p.add_argument(
+        "--no-cost-aware",
+        action="store_true",
+        help="with --no-payoff-control, prefix policies: draft whenever the early exit allows, even "
+        "where drafting costs more time than its expected accepted tokens save",
+    )
+    add_payoff(p)
+    p.add_argument("--out", default="runs/bench_serve", help="folder for results.json and the plot")
+
+
+def main_bench_serve(args: argparse.Namespace) -> int:
+    """Closed-loop clients against the real server: aggregate throughput vs per-user tokens/s per policy."""
+    import itertools
+    from pathlib import Path
+
+    from dspark import conditions as run_conditions
+    from dspark.commands.loading import load_inference_target
+    from dspark.data.prompts import load_prompts
+    from dspark.drafters.registry import build_drafter
+    from dspark.server.load import bench_serve, plot_load
+
+    concurrencies = sorted(set(args.concurrency))
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    sets = [[p.turns[0] for p in load_prompts(spec.strip(), args.limit)] for spec in args.prompts.split(",")]
+    # Interleaved (math, code, chat, math, ...): every point, whatever its size, sees the same mix.
+    prompts = [p for group in itertools.zip_longest(*sets) for p in group if p is not None]
+    target = load_inference_target(args.target, args.dtype)
+    drafter = build_drafter(args.drafter, target)
+    conditions = run_conditions.for_target(target)
+
+    def show(p) -> None:
+        print(
+            f"{p.policy:<14}c={p.concurrency:<4}{p.throughput:>9.1f} tok/s  {p.per_user:>7.1f} tok/s/user  "
+            f"τ {p.tau:.2f}  verify {p.verify_budget:.2f}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    points = bench_serve(
+        target,
+        drafter,
+        policies,
+        concurrencies,
+        prompts,
+        max_tokens=args.max_tokens,
+        requests_per_client=args.requests_per_client,
+        min_requests=args.min_requests,
+        block_size=args.block_size,
+        max_seq_len=args.max_seq_len,
+        cost_aware=not args.no_cost_aware,
+        payoff=not args.no_payoff_control,
+        choose_proposer=not args.no_proposer_choice,
+        progress=show,
+    )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = {k: v for k, v in vars(args).items() if not k.startswith("_")}
+    conditions = conditions.ended()
+    if conditions.warning():
+        print(f"warning: {conditions.warning()}", file=sys.stderr)
+    results = {
+        "settings": settings,
+        "conditions": conditions.as_dict(),
+        "points": [p.as_dict() for p in points],
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    plot = plot_load(points, out / "throughput_vs_per_user.png")
+    print(json.dumps({"results": str(out / "results.json"), "plot": str(plot)}))
+    return 0

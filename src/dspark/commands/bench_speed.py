@@ -1,0 +1,235 @@
+"""``dspark bench decode`` and ``dspark bench matrix``: speedups over plain decoding.
+
+Each prints ratios against a baseline run in the same process (the machine is noisy);
+the measuring itself lives in :mod:`dspark.eval.decode_speed` and
+:mod:`dspark.eval.speed_matrix`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import logging
+import sys
+
+from dspark.commands.argtypes import int_list, non_negative_float, positive_int
+from dspark.commands.options import add_block_size, add_drafters, add_dtype, add_payoff, add_target
+from dspark.errors import DsparkError
+
+
+def add_bench_decode_args(p: argparse.ArgumentParser) -> None:
+    add_target(p)
+    add_dtype(p)
+    p.add_argument(
+        "--bench",
+        default="code",
+        help="comma-separated prompt sets: built-in names (math, code, chat), shipped benchmark subsets "
+        "(gsm8k, humaneval, mt-bench: 20 prompts each) or JSONL paths",
+    )
+    p.add_argument("--limit", type=positive_int, default=20, help="prompts per set")
+    add_drafters(p, default="none,ngram")
+    p.add_argument("--max-tokens", type=positive_int, default=128, help="tokens per answer")
+    add_block_size(p, help="most drafts per round (γ)")
+    p.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate")
+    p.add_argument(
+        "--hf-prompt-lookup",
+        type=int,
+        default=0,
+        help="also run HF generate with prompt_lookup_num_tokens=N (0: off)",
+    )
+    p.add_argument(
+        "--hf-assistant",
+        default=None,
+        help="also run HF assisted generation with this assistant model folder (same tokenizer)",
+    )
+    p.add_argument(
+        "--engine-policies",
+        default="",
+        help="also decode each drafter through the batched engine (one slot) with these comma-separated "
+        "verification policies, as methods DRAFTER@POLICY (e.g. prefix,fixed)",
+    )
+    add_payoff(p)
+    p.add_argument(
+        "--temperature", type=non_negative_float, default=0.0, help="0 = greedy (default); > 0 samples"
+    )
+    p.add_argument("--verify-k", default="8", help="comma-separated k for the verify-k / decode-1 cost ratio")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="a prompt that does not fit the context is an error (default: skipped)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+
+
+def main_bench_decode(args: argparse.Namespace) -> int:
+    """Batch-1 greedy tokens/s of HF generate vs our loop with each drafter, as ratios from one run."""
+    from dspark import conditions as run_conditions
+    from dspark.commands.loading import load_inference_target, load_target
+    from dspark.data.prompts import load_prompts
+    from dspark.drafters.registry import build_drafter
+    from dspark.eval.decode_speed import batch1_engine, bench_decode, verify_cost_ratio
+
+    # Every prompt set is read (and a bad one refused) before anything is decoded.
+    prompt_sets = {bench: load_prompts(bench, args.limit) for bench in args.bench.split(",")}
+    target = load_inference_target(args.target, args.dtype)
+    conditions = run_conditions.for_target(target)
+    drafters = {name: build_drafter(name, target) for name in args.drafters.split(",")}
+    policies = [p.strip() for p in args.engine_policies.split(",") if p.strip()]
+    engines = {
+        f"{name}@{policy}": batch1_engine(
+            target,
+            drafter,
+            policy,
+            block_size=args.block_size,
+            payoff=not args.no_payoff_control,
+            choose_proposer=not args.no_proposer_choice,
+        )
+        for name, drafter in drafters.items()
+        if drafter is not None
+        for policy in policies
+    }
+    assistant = None
+    if args.hf_assistant:
+        assistant = load_target(args.hf_assistant, dtype=target.dtype).model
+    out = []
+    for bench, prompts in prompt_sets.items():
+        result = bench_decode(
+            target,
+            prompts,
+            drafters,
+            max_tokens=args.max_tokens,
+            block_size=args.block_size,
+            include_hf=not args.no_hf,
+            hf_prompt_lookup=args.hf_prompt_lookup,
+            hf_assistant=assistant,
+            engines=engines,
+            temperature=args.temperature,
+            strict=args.strict,
+        )
+        if result.skipped:
+            logging.getLogger("dspark").warning(
+                "%s: skipped %d prompts that do not fit", bench, result.skipped
+            )
+        out += [{"bench": bench, "skipped": result.skipped, **row} for row in result.rows()]
+    ratios = {int(k): verify_cost_ratio(target, k=int(k)) for k in args.verify_k.split(",")}
+    conditions = conditions.ended()
+    if args.json:
+        print(
+            json.dumps(
+                {"rows": out, "verify_k_over_decode1": ratios, "conditions": conditions.as_dict()}, indent=2
+            )
+        )
+    else:
+        print(f"{'bench':<24}{'method':<18}{'tok/s':>9}{'tau':>7}{'speedup':>9}  identical")
+        for r in out:
+            print(
+                f"{r['bench'][-24:]:<24}{r['method']:<18}{r['tokens_per_s']:>9.1f}{r['tau']:>7.2f}"
+                f"{r['speedup']:>9.3f}  {r['identical_to_baseline']}"
+            )
+        for k, ratio in ratios.items():
+            print(f"verify {k} tokens / decode 1 token: {ratio:.2f}x")
+        print(f"run conditions: {conditions.describe()}")
+    if conditions.warning():
+        print(f"warning: {conditions.warning()}", file=sys.stderr)
+    return 0
+
+
+def add_bench_matrix_args(p: argparse.ArgumentParser) -> None:
+    add_target(p)
+    add_dtype(p)
+    p.add_argument(
+        "--prompts",
+        default="code,math,chat",
+        help="comma-separated prompt sets: built-in names (math, code, chat), shipped benchmark subsets "
+        "(gsm8k, humaneval, mt-bench) or JSONL paths",
+    )
+    p.add_argument(
+        "--limit", type=positive_int, default=4, help="prompts per set (cycled up to the concurrency)"
+    )
+    add_drafters(p, default="ngram,dspark,dflash,eagle3")
+    p.add_argument(
+        "--concurrency",
+        type=int_list,
+        default=[1, 4, 16, 64],
+        help="comma-separated KV slots = requests at once",
+    )
+    p.add_argument(
+        "--requests", type=positive_int, default=4, help="requests per cell at least (at low concurrency)"
+    )
+    p.add_argument("--max-tokens", type=positive_int, default=32, help="tokens per answer")
+    add_block_size(p)
+    p.add_argument(
+        "--static",
+        default="fixed",
+        help="comma-separated static policies (every round drafts, no payoff control) to compare with",
+    )
+    p.add_argument("--json", action="store_true", help="print the cells and the goal check as JSON")
+
+
+def main_bench_matrix(args: argparse.Namespace) -> int:
+    """Prompt set x drafter x concurrency -> speedup over plain decoding: payoff control vs static."""
+    from dspark import conditions as run_conditions
+    from dspark.commands.loading import load_inference_target
+    from dspark.data.chat import prompt_ids
+    from dspark.data.prompts import load_prompts
+    from dspark.drafters.registry import build_drafter
+    from dspark.eval.speed_matrix import PAYOFF, goals, speed_matrix
+
+    concurrencies = sorted(set(args.concurrency))
+    static = [p.strip() for p in args.static.split(",") if p.strip()]
+    sets = {spec.strip(): load_prompts(spec.strip(), args.limit) for spec in args.prompts.split(",")}
+    target = load_inference_target(args.target, args.dtype)
+    ids = {name: [prompt_ids(target.tokenizer, p) for p in prompts] for name, prompts in sets.items()}
+    drafters = {name: build_drafter(name, target) for name in args.drafters.split(",")}
+    if any(d is None for d in drafters.values()):
+        raise DsparkError("--drafters: 'none' is the baseline every cell is measured against; leave it out")
+    conditions = run_conditions.for_target(target)
+
+    def show(cell) -> None:
+        print(
+            f"{cell.prompt_set[-20:]:<20} {cell.drafter:<8} c={cell.concurrency:<3} {cell.method:<8} "
+            f"{cell.speedup:6.3f}x (wall {cell.wall_speedup:.3f}x)  τ {cell.tau:.2f}  "
+            f"drafted {cell.drafted_share:.0%}  "
+            f"identical {cell.identical}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    cells = speed_matrix(
+        target,
+        ids,
+        drafters,
+        concurrencies,
+        max_tokens=args.max_tokens,
+        requests=args.requests,
+        block_size=args.block_size,
+        static=static,
+        progress=show,
+    )
+    check = goals(cells)
+    conditions = conditions.ended()
+    if args.json:
+        payload = {"cells": [vars(c) for c in cells], "goals": check, "conditions": conditions.as_dict()}
+        print(json.dumps(payload, indent=1, default=str))
+    else:
+        by = {(c.prompt_set, c.drafter, c.concurrency, c.method): c for c in cells}
+        head = "".join(f"{f'c={c}':>16}" for c in concurrencies)
+        print("speedup over plain decoding, tokens per CPU-second; in brackets the best static policy")
+        print(f"{'prompt set':<22}{'drafter':<9}{head}")
+        for name, drafter in itertools.product(ids, drafters):
+            row = ""
+            for c in concurrencies:
+                best = max(by[(name, drafter, c, m)].speedup for m in static) if static else float("nan")
+                row += f"{by[(name, drafter, c, PAYOFF)].speedup:>9.2f} ({best:.2f})"
+            print(f"{name[-21:]:<22}{drafter:<9}{row}")
+        print(
+            f"payoff cells: {check['cells']}, min {check['min_speedup']:.3f}x plain; "
+            f"below 0.97x: {len(check['below_floor'])}; below 95% of the best static where it pays: "
+            f"{len(check['below_95pct_of_best_static'])}; greedy identical everywhere: "
+            f"{check['all_identical']}"
+        )
+        print(f"run conditions: {conditions.describe()}")
+    if conditions.warning():
+        print(f"warning: {conditions.warning()}", file=sys.stderr)
+    return 0

@@ -1,0 +1,158 @@
+"""Stages 6 and 7 of :meth:`Engine.step`: verify the drafts, then commit or roll back.
+
+**Verify** by rejection sampling (``sampling/rejection.py``) with per-request RNGs, over
+the target logits of each request's anchor and ``ℓ_r`` drafts from the one flat forward.
+
+**Commit / roll back** each request's KV to anchor + accepted drafts, cut at EOS /
+``max_tokens`` / stop strings (``decoding/stopping.py``), stream the tokens, tell the
+drafter, and free the slots of finished requests. The round's outcomes feed the
+early-exit predictors and the online confidence estimator.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from dspark.decoding.stopping import cut_round
+from dspark.engine.config import EngineStats
+from dspark.engine.kv import KVMemory
+from dspark.engine.payoff_drafting import PayoffDrafting
+from dspark.engine.requests import Finish, Request, TokenEvent
+from dspark.protocols import DraftBlock, Drafter, RoundLog
+from dspark.sampling import batch_probs, verify
+from dspark.scheduler import ConfidenceEstimator, peak_features
+from dspark.targets import TargetAdapter
+from dspark.targets.flat import FlatOutput
+
+
+class VerifyStage:
+    """The engine's verification and commit, over the engine's own (shared) collaborators.
+
+    ``finish`` is the engine's way to end a request; counters go to the ``stats`` passed
+    to each call, so that a caller may swap the engine's stats.
+    """
+
+    def __init__(
+        self,
+        *,
+        target: TargetAdapter,
+        kv: KVMemory,
+        drafter: Drafter | None,
+        estimator: ConfidenceEstimator,
+        payoff: PayoffDrafting | None,
+        decode: Callable[[list[int]], str] | None,
+        finish: Finish,
+    ) -> None:
+        self.target, self.kv, self.drafter, self.estimator = target, kv, drafter, estimator
+        self.payoff, self.decode, self._finish = payoff, decode, finish
+
+    def verify_and_commit(
+        self,
+        decoding: list[Request],
+        block: DraftBlock,
+        drafting: dict[int, int],
+        lengths: Tensor,
+        out: FlatOutput,
+        offsets: list[int],
+        stats: EngineStats,
+    ) -> list[TokenEvent]:
+        """Verify ``lengths [R]`` drafts of each decoding request, commit, return the emitted tokens.
+
+        ``offsets[i]`` is the flat row of request ``i``'s anchor in ``out``.
+        """
+        R = len(decoding)
+        if R == 0:
+            return []
+        L = int(lengths.max())
+        device = out.logits.device
+        # Row t of request r: its anchor's flat row + t (rows past ℓ_r repeat the last, unused).
+        rows = torch.tensor(offsets).unsqueeze(-1) + torch.minimum(torch.arange(L + 1), lengths.unsqueeze(-1))
+        rows = rows.to(device)  # [R, L+1]
+        params = [r.params for r in decoding]
+        target_probs = batch_probs(out.logits[rows], params)  # [R, L+1, V]
+        tokens = torch.zeros(R, L, dtype=torch.long, device=device)  # [R, L]
+        draft_probs = None
+        n_verified = lengths.tolist()
+        greedy = [p.greedy for p in params]
+        if L > 0:
+            # greedy verification compares tokens only: no [R, L, V] copy of the draft probs
+            if not all(greedy):
+                draft_probs = target_probs.new_zeros(R, L, target_probs.shape[-1])  # [R, L, V]
+            for i, (req, n) in enumerate(zip(decoding, n_verified)):
+                if n > 0:
+                    j = drafting[req.id]
+                    tokens[i, :n] = block.tokens[j, :n].to(device)
+                    if draft_probs is not None:
+                        draft_probs[i, :n] = block.probs[j, :n].to(draft_probs)
+        result = verify(
+            tokens,
+            lengths.to(device),
+            draft_probs,
+            target_probs,
+            greedy=torch.tensor(greedy, device=device),
+            generators=[r.generator for r in decoding],
+        )
+        n_accepted = result.num_accepted.tolist()
+        self._observe(decoding, block, drafting, n_verified, n_accepted, stats)
+        events, finished = [], []
+        eos = self.target.eos_token_ids
+        drafted, next_tokens = tokens.tolist(), result.next_tokens.tolist()
+        for i, (req, n, accepted) in enumerate(zip(decoding, n_verified, n_accepted)):
+            start = self.kv.length(req.id)
+            self.kv.set_length(req.id, start + 1 + accepted)  # anchor + accepted drafts; the rest rolls back
+            new_features = None
+            if out.features is not None:
+                new_features = out.features[offsets[i] : offsets[i] + 1 + accepted]  # [a+1, L, H]
+                req.state.features = req.features.append(new_features)
+            emitted = drafted[i][:accepted] + [next_tokens[i]]  # accepted drafts + recovered/bonus
+            cut = cut_round(req.generated, emitted, eos, req.max_new, req.params.stop, self.decode)
+            req.generated += cut.tokens
+            req.state.token_ids += cut.tokens
+            req.rounds.append(RoundLog(proposed=n, accepted=accepted, emitted=len(cut.tokens)))
+            if self.payoff is not None:
+                self.payoff.observe(req, n, accepted, req.proposer if req.id in drafting else None)
+                self.payoff.after_commit(req)
+            stats.emitted += len(cut.tokens)
+            events.append(TokenEvent(req.id, cut.tokens, cut.finish_reason))
+            if req.on_tokens is not None and cut.tokens:
+                req.on_tokens(cut.tokens)
+            if cut.finish_reason is not None:
+                finished.append((req, cut))
+            elif self.drafter is not None and (self.payoff is None or self.payoff.needs_update(req)):
+                update_started = time.perf_counter()
+                self.drafter.update(req.state, accepted, new_features)
+                stats.update_s += time.perf_counter() - update_started
+        # Free slots only now: a release moves another request's slot, whose committed
+        # length must already include this step's tokens.
+        for req, cut in finished:
+            self._finish(req, cut.finish_reason, cut.text)
+        return events
+
+    def _observe(
+        self,
+        decoding: list[Request],
+        block: DraftBlock,
+        drafting: dict[int, int],
+        verified: list[int],
+        accepted: list[int],
+        stats: EngineStats,
+    ) -> None:
+        """Feed the round's outcomes to the early-exit predictors and the confidence estimator."""
+        stats.rounds += len(decoding)
+        stats.verified += sum(verified)
+        stats.accepted += sum(accepted)
+        for req, n, a in zip(decoding, verified, accepted):
+            if n > 0:
+                req.predictor.observe(a > 0)
+        if drafting and block.probs is not None and block.max_len > 0:
+            idx = [i for i, r in enumerate(decoding) if r.id in drafting]
+            rows = torch.tensor([drafting[decoding[i].id] for i in idx])
+            self.estimator.observe(
+                peak_features(block.probs[rows]),
+                torch.tensor([verified[i] for i in idx]),
+                torch.tensor([accepted[i] for i in idx]),
+            )
