@@ -5,7 +5,7 @@ instead must leave every name the weights are known by exactly as it was: the ke
 the shipped drafters, of exports and of training checkpoints (model and optimizer state,
 which is keyed by ``named_parameters``), and the drafts themselves. The pinned drafts
 below were recorded from the shipped drafters with the inheriting classes (commit
-8cc8479), by this file's ``_drafts`` — DFlash's again when the converged one was shipped.
+8cc8479), by this file's ``_drafts`` — DFlash's and DSpark's again when the converged ones were shipped.
 """
 
 from __future__ import annotations
@@ -31,15 +31,16 @@ from tests.unit.training.toy_drafter import tiny_target, toy_samples
 GREEDY = SamplingParams(temperature=0.0)
 SAMPLED = SamplingParams(temperature=1.0, seed=5)
 PINNED = {  # drafts after prompt ids 5..5+n-1, n = 6, 9, 12 (module docstring)
+    # The converged campaign DSpark (shipped 2026-12-01: 9,310 steps = 10 epochs), by ``_drafts``.
     ("dspark", "greedy"): [
-        [202, 66, 66, 91, 91, 68, 68],
-        [202, 16, 16, 68, 68, 81, 12],
-        [68, 12, 384, 12, 91, 12, 12],
+        [797, 412, 68, 5, 325, 384, 91],
+        [797, 412, 68, 5, 412, 68, 5],
+        [20, 15, 514, 91, 12, 202, 336],
     ],
     ("dspark", "sampled"): [
-        [1871, 1028, 2699, 460, 567, 1347, 8],
-        [1871, 484, 2699, 460, 567, 1347, 1343],
-        [898, 484, 2699, 460, 567, 1347, 1343],
+        [1871, 1028, 202, 336, 2, 5, 8],
+        [1871, 621, 455, 3014, 567, 1347, 1343],
+        [898, 1028, 347, 202, 336, 2, 8],
     ],
     # The converged campaign DFlash (shipped 2026-12-01: 7,800 steps, file without the
     # target's embedding / head), recorded by ``_drafts``.
