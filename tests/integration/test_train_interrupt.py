@@ -24,7 +24,16 @@ def test_ctrl_c_names_the_checkpoint_and_the_rerun_says_it_resumed(tmp_path):
         "--batch-size", "2", "--micro-batch-size", "2", "--max-length", "64", "--num-anchors", "8",
     ]  # fmt: skip
     env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A shell starts background jobs with SIGINT ignored, and an ignored signal stays ignored
+    # across exec: the child gets Ctrl-C's default (KeyboardInterrupt) whatever ran pytest.
+    proc = subprocess.Popen(
+        argv,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     latest = out / "checkpoints" / "latest"
     deadline = time.monotonic() + 240
     while not latest.exists():
