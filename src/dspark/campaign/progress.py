@@ -69,7 +69,7 @@ def status(out: Path) -> dict[str, Any]:
 
 def plot_learning_curves(out: Path, tokens_per_step: float, path: Path) -> Path | None:
     """Expected and real τ of every trained drafter against training tokens; None before any log."""
-    from dspark.eval.plots import plt  # the Agg backend, set there
+    from dspark.eval.plots import plt, save_figure  # the Agg backend, set there
 
     curves = {m: read_curve(out / "train" / m / "metrics.jsonl") for m in METHODS}
     curves = {m: c for m, c in curves.items() if c.steps}
@@ -88,8 +88,4 @@ def plot_learning_curves(out: Path, tokens_per_step: float, path: Path) -> Path 
     ax.set_ylabel("τ (accepted + 1 per round)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

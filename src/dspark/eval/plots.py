@@ -27,7 +27,7 @@ def _panels(n: int, *, width: float = 4.2, height: float = 3.4, sharey: bool = F
     return fig, list(axes[0])
 
 
-def _save(fig, path: Path, *, rect: tuple[float, float, float, float] = (0, 0, 1, 1)) -> Path:
+def save_figure(fig, path: Path, *, rect: tuple[float, float, float, float] = (0, 0, 1, 1)) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout(rect=rect)
@@ -54,7 +54,7 @@ def plot_position_curves(curves: Curves, path: Path, *, ylabel: str, title: str 
     axes[0].legend(fontsize=8)
     if title:
         fig.suptitle(title)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_grouped_bars(groups: Mapping[str, Mapping[str, float | None]], path: Path, *, ylabel: str) -> Path:
@@ -71,7 +71,7 @@ def plot_grouped_bars(groups: Mapping[str, Mapping[str, float | None]], path: Pa
     ax.set_ylabel(ylabel)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_histograms(hists: Mapping[str, Mapping[str, Sequence[int]]], path: Path) -> Path:
@@ -88,7 +88,7 @@ def plot_histograms(hists: Mapping[str, Mapping[str, Sequence[int]]], path: Path
         ax.grid(axis="y", alpha=0.3)
     axes[0].set_ylabel("share of rounds")
     axes[0].legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_threshold_sweep(sweeps: Mapping[str, ThresholdSweep], path: Path, *, title: str = "") -> Path:
@@ -119,7 +119,7 @@ def plot_threshold_sweep(sweeps: Mapping[str, ThresholdSweep], path: Path, *, ti
     fig.legend(handles, [h.get_label() for h in handles], loc="lower center", ncol=3, fontsize=8)
     if title:
         fig.suptitle(title)
-    return _save(fig, path, rect=(0, 0.08, 1, 1))
+    return save_figure(fig, path, rect=(0, 0.08, 1, 1))
 
 
 def plot_reliability(
@@ -160,7 +160,7 @@ def plot_reliability(
         ax.set_xlabel("predicted survival")
     axes[0].set_ylabel("observed survival")
     axes[0].legend(fontsize=7, loc="upper left")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_sweep_lines(
@@ -178,4 +178,4 @@ def plot_sweep_lines(
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(ylabel)
     axes[0].legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -157,7 +157,7 @@ how far apart the two drafters are in training, not as what more steps of this r
 def plot_curves(items: list[Comparison], path: Path) -> Path | None:
     """The shipped curves (mapped onto this validation set) against training tokens, with
     this run's drafters as points; None when no record has a curve."""
-    from dspark.eval.plots import plt  # the Agg backend, set there
+    from dspark.eval.plots import plt, save_figure  # the Agg backend, set there
 
     with_curve = [c for c in items if c.shipped.curve is not None]
     if not with_curve:
@@ -173,11 +173,7 @@ def plot_curves(items: list[Comparison], path: Path) -> Path | None:
     ax.set_ylabel("expected τ on this run's validation set")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def headline(items: list[Comparison]) -> list[dict[str, Any]]:
