@@ -106,20 +106,12 @@ class TrainingEval:
             )
             for i in range(0, len(indices), 4)
         ]
-        self.real_tau, self.every, self.calls = real_tau, every, 0
+        self.target, self.real_tau, self.every, self.calls = target, real_tau, every, 0
 
     def __call__(self, drafter, step: int) -> dict[str, float]:
-        from dspark.training.numerics import flushing_denormals
+        from dspark.quickstart.validation import expected_tau
 
-        parts = []  # (per-position mean acceptance [K], supervised slots per position [K]) per batch
-        with flushing_denormals(True):
-            for batch in self.batches:
-                out = drafter.forward_train(batch)
-                parts.append((drafter.loss(out).metrics.acceptance, out.valid.flatten(0, -2).sum(0)))
-        total = sum(count for _, count in parts)
-        per_pos = sum(torch.nan_to_num(a) * count for a, count in parts) / total.clamp_min(1)  # [K]
-        tau = 1.0 + float(per_pos.cumprod(0).sum())
-        result = {"val_expected_tau": tau}
+        result = {"val_expected_tau": expected_tau(drafter, self.target, self.batches)}
         self.calls += 1
         if self.calls % self.every == 0:
             result |= self.real_tau(drafter, step)
