@@ -45,7 +45,7 @@ import torch
 from dspark.engine.config import DEFAULT_MAX_SEQ_LEN, EngineConfig, EngineStats
 from dspark.engine.draft_stage import DraftStage
 from dspark.engine.kv import KVMemory
-from dspark.engine.payoff_drafting import PayoffDrafting
+from dspark.engine.payoff_drafting import PayoffDrafting, pricing_clock
 from dspark.engine.profile import load_or_profile
 from dspark.engine.requests import OnTokens, Request, RequestFailedError, TokenEvent
 from dspark.engine.verify_stage import VerifyStage
@@ -110,6 +110,7 @@ class Engine:
                 self.sps,
                 choose_proposer=config.choose_proposer,
                 draft_costs=dict(config.draft_costs) if config.draft_costs is not None else None,
+                clock=pricing_clock(target.device),
             )
         # Stages 3-4 and 6-7 of ``step``, over the same collaborators (engine/draft_stage.py,
         # engine/verify_stage.py).
@@ -210,6 +211,9 @@ class Engine:
     def step(self) -> list[TokenEvent]:
         """Admit, prefill, draft, schedule, verify, commit; returns the emitted tokens."""
         started = time.perf_counter()
+        if self.payoff is not None:  # the step times payoff control prices with: the whole step
+            self.payoff.start_step()
+            priced_started = self.payoff.clock()
         while self._queue and self.kv.num_free:
             req = self._queue.popleft()
             self.kv.allocate(req.id)
@@ -251,10 +255,7 @@ class Engine:
         )
         # A drafter fed other layers than it reads would silently lose its acceptance.
         assert not self._needs_features or out.layer_ids == self._layer_ids, (out.layer_ids, self._layer_ids)
-        forward_s = time.perf_counter() - forward_started
-        self.stats.forward_s += forward_s
-        if self.payoff is not None and not prefill:  # the step times payoff control prices with
-            self.payoff.observe_step(len(ids), forward_s)
+        self.stats.forward_s += time.perf_counter() - forward_started
 
         prefill_offset = num_decode_rows
         for req, n in prefill:
@@ -273,6 +274,8 @@ class Engine:
         s.forward_tokens += len(ids)
         s.max_forward_tokens = max(s.max_forward_tokens, len(ids))
         s.step_s += time.perf_counter() - started
+        if self.payoff is not None and not prefill:
+            self.payoff.observe_step(num_decode_rows, self.payoff.clock() - priced_started)
         return events
 
     # -- admission, prefill and finish -------------------------------------------------

@@ -10,16 +10,19 @@ requests. One proposer per request per round: each row of the merged block is ex
 what one proposer would have drafted alone, so verification keeps the target's
 distribution.
 
-Costs are measured where the engine runs: step times are the engine's own forwards over
-the SPS profile (:class:`~dspark.scheduler.step_times.StepTimes`), drafting seconds an
-average per proposer of its calls — leaving out a request's first model proposal, which
-also pays the drafter's pass over the whole prompt, once per request.
+Costs are measured where the engine runs, all on one clock (:func:`pricing_clock`): step
+times are the engine's own forwards fitted affine in rows over the SPS profile
+(:class:`~dspark.scheduler.step_times.StepTimes`); the model drafter's seconds are fitted
+as a per-call part the round's drafting requests share plus a per-request part
+(:class:`~dspark.scheduler.step_times.DraftCosts`) — leaving out calls that hold a
+request's first model proposal, which also pays the drafter's pass over the whole prompt,
+once per request; the n-gram lookup is an average per request.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -34,13 +37,28 @@ from dspark.scheduler.payoff import (
     PayoffController,
     RoundCosts,
     shadow_outcome,
+    shared_call_pays,
 )
-from dspark.scheduler.step_times import StepTimes
+from dspark.scheduler.step_times import DraftCosts, StepTimes
 
 POOL_MEMORY = 0.99  # per pooled observation
 SHADOW_EVERY = 4  # tokens between n-gram lookups while the n-gram does not pay
 
 NGRAM, MODEL = "ngram", "model"
+UPDATE = "model-update"  # the model drafter's state update after a round it drafted
+
+
+def pricing_clock(device: torch.device | str, threads: int | None = None) -> Callable[[], float]:
+    """The clock costs are measured on. A CPU target on one thread runs every forward in the
+    engine's thread: that thread's CPU time (``time.thread_time``) is what the engine
+    spends, and unlike wall time it does not count the time other processes of a shared
+    machine hold the core (on a 3x oversubscribed machine, wall-clock steps swing 2x
+    between neighbours). With several threads (whose waits may sleep) or on an
+    accelerator, wall time."""
+    threads = torch.get_num_threads() if threads is None else threads
+    if torch.device(device).type == "cpu" and threads == 1:
+        return time.thread_time
+    return time.perf_counter
 
 
 class PayoffDrafting:
@@ -57,6 +75,7 @@ class PayoffDrafting:
         choose_proposer: bool = True,
         config: PayoffConfig | None = None,
         draft_costs: Mapping[str, float] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         is_ngram = isinstance(drafter, NgramDrafter)
         self.model = None if is_ngram else drafter
@@ -69,7 +88,10 @@ class PayoffDrafting:
         self.vocab_size, self.block_size, self.sps = vocab_size, block_size, sps
         self.config = config or PayoffConfig()
         self.fixed_costs = dict(draft_costs) if draft_costs is not None else None
-        self.draft_s: dict[str, float] = {}  # EMA of drafting seconds per request, per proposer
+        self.clock = clock  # every cost below is in its seconds
+        self.draft_s: dict[str, float] = {}  # EMAs per request: n-gram lookup, model update
+        self.model_costs = DraftCosts()  # the model drafter's seconds: per call + per request
+        self.model_step_s = 0.0  # the model drafter's seconds in this engine step
         self.step_times = StepTimes(sps)
         self.lazy_update = hasattr(self.model, "sync_context")
         # Every request's outcomes pooled per proposer, slowly forgotten: the prior a request's
@@ -81,17 +103,65 @@ class PayoffDrafting:
 
     def costs(self, num_requests: int) -> RoundCosts:
         R = max(num_requests, 1)
-        draft_s = self.fixed_costs if self.fixed_costs is not None else self.draft_s
+        if self.fixed_costs is not None:
+            draft_s = self.fixed_costs
+        else:
+            draft_s = dict(self.draft_s)
+            if self.model_costs.observed:
+                draft_s[MODEL] = self.model_split(R)[1] + self.draft_s.get(UPDATE, 0.0)
         return RoundCosts(
             verify_s=self.step_times.verify_costs(R, self.block_size),
-            tokens_per_s=self.step_times.tokens_per_s(R),
+            tokens_per_s=self.step_times.tokens_per_s(R, self.block_size),
             draft_s=draft_s,
         )
 
+    def model_split(self, num_requests: int) -> tuple[float, float]:
+        """The model drafter's ``(seconds per call, seconds per request)``; while its calls
+        were all of one size, split like the target's step line (a call drafts a block of
+        ``K + 1`` rows per request)."""
+        R = max(num_requests, 1)
+        a, b = self.step_times.fit(R, R * (self.block_size + 1))
+        return self.model_costs.split((a, b * (self.block_size + 1)))
+
+    def model_call_s(self, num_requests: int) -> float:
+        """The model drafter's seconds per call, shared by the requests drafting with it."""
+        if self.fixed_costs is not None or not self.model_costs.observed:
+            return 0.0
+        return self.model_split(num_requests)[0]
+
+    def blocked(self, decoding: list, caps: Sequence[Mapping[str, int]], costs: RoundCosts, priors) -> tuple:
+        """``(MODEL,)`` when the requests that would draft with the model this round do not
+        together repay its per-call seconds (they then only probe it), else ``()``."""
+        call_s = self.model_call_s(len(decoding))
+        if call_s <= 0:
+            return ()
+        gains = []
+        for req, cap in zip(decoding, caps):
+            g = req.payoff.gains(cap, costs, priors)
+            if MODEL in g and g[MODEL][0] > 0 and g[MODEL][0] >= max(v[0] for v in g.values()):
+                gains.append(g[MODEL][0])
+        return () if shared_call_pays(gains, call_s, costs.tokens_per_s) else (MODEL,)
+
     def observe_step(self, num_tokens: int, seconds: float) -> None:
-        """A decode/verification forward (no prefill rows) of ``num_tokens`` rows took ``seconds``."""
+        """An engine step without prefill rows, over ``num_tokens`` decode/verification rows, took
+        ``seconds`` (on :attr:`clock`): all of it but the model drafter's calls and updates
+        (priced as drafting) is what a step of that size costs — the forward, and also
+        the sampling, verification and bookkeeping around it."""
+        seconds -= self.model_step_s
+        self.model_step_s = 0.0
         if self.fixed_costs is None:
             self.step_times.observe(num_tokens, seconds)
+
+    def start_step(self) -> None:
+        self.model_step_s = 0.0
+
+    def observe_update(self, req, seconds: float) -> None:
+        """The model drafter's state update after ``req``'s round took ``seconds``: a cost of
+        drafting with it when only its own rounds update it (``sync_context``)."""
+        if self.lazy_update and req.proposer == MODEL:  # else every round pays it: a step cost
+            self.model_step_s += seconds
+            if self.fixed_costs is None:
+                self._measured(UPDATE, seconds, 1)
 
     def _measured(self, name: str, seconds: float, count: int) -> None:
         if count:
@@ -105,7 +175,7 @@ class PayoffDrafting:
         costs = self.costs(len(decoding))
         priors = {name: record.rates(self.config) for name, record in self.pooled.items()}
         if self.ngram is not None:
-            started = time.perf_counter()
+            started = self.clock()
             c = self.ngram.config
             for req in decoding:
                 n = min(K, max(req.draft_budget, 0))
@@ -115,19 +185,24 @@ class PayoffDrafting:
                 due = req.shadow is None and len(req.generated) % SHADOW_EVERY == 0
                 skip = n == 0 or (hopeless and not due)
                 lookups[req.id] = [] if skip else lookup(np.asarray(req.state.token_ids), n, c.min_n, c.max_n)
-            self._measured(NGRAM, time.perf_counter() - started, len(decoding))
-        choices = []
+            self._measured(NGRAM, self.clock() - started, len(decoding))
+        every_caps = []
         for req in decoding:
             caps = {}
-            budget = min(K, max(req.draft_budget, 0))
             if self.ngram is not None:
                 caps[NGRAM] = len(lookups[req.id])
             if self.model is not None:
+                caps[MODEL] = min(K, max(req.draft_budget, 0))
+            every_caps.append(caps)
+        tried = MODEL in self.pooled
+        blocked = self.blocked(decoding, every_caps, costs, priors) if tried else ()
+        choices = []
+        for req, caps in zip(decoding, every_caps):
+            if not tried and any(c.proposer == MODEL for c in choices):
                 # Until some request's outcome with the model is in the pool, one request at a
                 # time tries it: its first proposal is the costly one (the whole prompt's context).
-                untried = MODEL not in self.pooled and any(c.proposer == MODEL for c in choices)
-                caps[MODEL] = 0 if untried else budget
-            choice = req.payoff.decide(caps, costs, shadowed=(NGRAM,), priors=priors)
+                caps = {**caps, MODEL: 0}
+            choice = req.payoff.decide(caps, costs, shadowed=(NGRAM,), priors=priors, blocked=blocked)
             if choice.proposer != NGRAM and lookups.get(req.id) and req.shadow is None:
                 req.shadow = (len(req.generated), lookups[req.id])  # checked against what it emits
             if choice.proposer == NGRAM:
@@ -153,15 +228,17 @@ class PayoffDrafting:
         caps = {r.id: c.length for r, c in zip(decoding, choices) if c.proposer is not None}
         parts: list[tuple[list, DraftBlock]] = []
         if by_model:
-            started = time.perf_counter()
+            started = self.clock()
             # Always γ drafts, capped per request: a seeded request draws the same drafter randomness.
             parts.append(
                 (by_model, self.model.propose([r.state for r in by_model], K, [r.params for r in by_model]))
             )
-            if all(
+            elapsed = self.clock() - started
+            self.model_step_s += elapsed
+            if self.fixed_costs is None and all(  # no first (whole-prompt) proposal in the call
                 r.payoff.record(MODEL).first_tested > 0 for r in by_model
-            ):  # no first (whole-prompt) proposal
-                self._measured(MODEL, time.perf_counter() - started, len(by_model))
+            ):
+                self.model_costs.observe(len(by_model), elapsed)
         if by_ngram:
             tokens = torch.zeros(len(by_ngram), K, dtype=torch.long)  # [n, K]
             lengths = torch.zeros(len(by_ngram), dtype=torch.long)  # [n]

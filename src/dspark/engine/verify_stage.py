@@ -124,7 +124,10 @@ class VerifyStage:
                 finished.append((req, cut))
             elif self.drafter is not None and (self.payoff is None or self.payoff.needs_update(req)):
                 update_started = time.perf_counter()
+                priced_started = self.payoff.clock() if self.payoff is not None else 0.0
                 self.drafter.update(req.state, accepted, new_features)
+                if self.payoff is not None:
+                    self.payoff.observe_update(req, self.payoff.clock() - priced_started)
                 stats.update_s += time.perf_counter() - update_started
         # Free slots only now: a release moves another request's slot, whose committed
         # length must already include this step's tokens.

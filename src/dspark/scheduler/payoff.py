@@ -10,12 +10,15 @@ where ``e_{r,p}`` is the request's own rate of first-draft acceptance with that 
 and ``q_{r,p}`` its rate of acceptance of a later draft given the previous one was
 accepted (decayed counts, shrunk to a prior: the pooled rates of every request, or the
 config's optimistic guess before any evidence, with pseudo-rounds that fade as the
-request's own rounds come in), ``d_p`` the measured drafting seconds per
-request, ``v(ℓ)`` the target seconds that verifying ℓ more tokens per request adds to
-the step at this batch (from the SPS table: ``(t(R + Rℓ) − t(R)) / R`` for R requests)
-and ``ρ`` the tokens per second plain decoding makes at this batch: the right-hand side
-is what the same time would have produced without speculation. It drafts iff the best
-``G > 0``, verifying the best ℓ.
+request's own rounds come in), ``d_p`` the drafting seconds each request adds to its
+proposer's call, ``v(ℓ)`` the target seconds that verifying ℓ more tokens of one request
+adds to the step (``b·ℓ`` for the fitted step time ``t̂(B) = a + b·B`` of
+``scheduler/step_times.py``: separable, whatever the others verify) and ``ρ`` the tokens
+per second plain decoding makes at this batch: the right-hand side is what the same time
+would have produced without speculation. It drafts iff the best ``G > 0``, verifying the
+best ℓ. A drafter call also costs seconds per call that the requests drafting with it
+share; the batch drafts with that proposer only if their gains together repay them
+(:func:`shared_call_pays`).
 
 When nothing pays, the request decodes plainly and *probes* every ``interval`` rounds
 (a short verification with the most promising proposer; also while only the free n-gram
@@ -97,11 +100,11 @@ class AcceptanceRecord:
     def rates(self, config: PayoffConfig, prior: tuple[float, float] | None = None) -> tuple[float, float]:
         """``(e, q)``: first-draft and conditional later-draft acceptance, shrunk to ``prior``
         (the pooled rates, with ``pool_strength``; default: the config's priors)."""
-        # The prior's pseudo-rounds fade like observed ones: evidence washes it out, so a
-        # proposer that is never accepted tends to e = 0 instead of a floor set by the prior.
-        s = (
-            config.pool_strength if prior is not None else config.prior_strength
-        ) * config.memory**self.rounds
+        # The config's guess fades like observed rounds: evidence washes it out, so a proposer
+        # that is never accepted tends to e = 0 instead of a floor set by the guess. The pooled
+        # rates are evidence (they tend to 0 too if nobody is accepted) and keep their weight: at
+        # c >= 4 a request's own ~10 decayed rounds are too few to price a block alone.
+        s = config.pool_strength if prior is not None else config.prior_strength * config.memory**self.rounds
         e0, q0 = prior if prior is not None else (config.prior_first, config.prior_later)
         e = (self.first_accepted + s * e0) / (self.first_tested + s)
         q = (self.later_accepted + s * q0) / (self.later_tested + s)
@@ -174,15 +177,19 @@ class PayoffController:
         *,
         shadowed: Sequence[str] = (),
         priors: Mapping[str, tuple[float, float]] | None = None,
+        blocked: Sequence[str] = (),
     ) -> Choice:
         """This round's proposer and cap. ``caps``: most drafts each proposer can offer now;
         ``shadowed``: proposers observed for free (:func:`shadow_outcome`), never probed;
         ``priors``: ``(e, q)`` per proposer that the request's own rates shrink to (the
-        pooled rates of every request, so a new request starts from what others saw)."""
+        pooled rates of every request, so a new request starts from what others saw);
+        ``blocked``: proposers that may only be probed this round (their shared per-call
+        cost is not repaid by the batch, :func:`shared_call_pays`)."""
         gains = self.gains(caps, costs, priors)
         probeable = {n: g for n, g in gains.items() if n not in shadowed}
-        best = max(gains, key=lambda n: gains[n][0]) if gains else None
-        if best is not None and gains[best][0] > 0 and best in probeable:
+        usable = {n: g for n, g in gains.items() if n not in blocked}
+        best = max(usable, key=lambda n: usable[n][0]) if usable else None
+        if best is not None and usable[best][0] > 0 and best in probeable:
             self.skipped, self.interval = 0, self.config.probe_every  # it drafts for real: no probe due
             return Choice(best, gains[best][1])
         # Nothing probeable drafts this round (plain decoding, or a shadowed proposer that pays):
@@ -194,12 +201,20 @@ class PayoffController:
             self.interval = min(2 * interval, self.config.probe_max)
             name = max(probeable, key=lambda n: probeable[n][0])
             return Choice(name, min(caps[name], self.config.probe_length), probe=True)
-        if best is not None and gains[best][0] > 0:
-            return Choice(best, gains[best][1])
+        if best is not None and usable[best][0] > 0:
+            return Choice(best, usable[best][1])
         return Choice(None)
 
     def observe(self, proposer: str, verified: int, accepted: int) -> None:
         self.record(proposer).observe(verified, accepted, self.config.memory)
+
+
+def shared_call_pays(gains: Sequence[float], call_s: float, tokens_per_s: float) -> bool:
+    """Does one drafter call repay its per-call seconds ``call_s`` (shared by the requests
+    drafting with it) from ``gains``, those requests' net gains in tokens priced with the
+    per-request seconds only? Each drafting request adds its own gain; the call costs
+    ``ρ · call_s`` tokens once."""
+    return sum(g for g in gains if g > 0) > tokens_per_s * call_s
 
 
 def shadow_outcome(proposal: Sequence[int], emitted: Sequence[int]) -> tuple[int, int] | None:

@@ -1,74 +1,184 @@
-"""Step times as the engine observes them, over the profiled SPS curve (issue 17).
+"""Step and drafting costs as the engine observes them, fitted affine in size (issue 17).
 
-The payoff controller prices verification and drafting in step times. The SPS profile
-was measured once, on a machine whose load, context lengths and thermal state were those
-of that moment; on a shared CPU the same forward can cost 1.5× more an hour later, and a
-profile taken during a burst of other work bends the curve (verifying one extra token
-priced at +25 % of a step when it costs +5 %). So the engine reports the seconds of every
-pure decode/verification forward it runs, and the cost of a step of ``B`` tokens is
+The payoff controller prices verification and drafting in seconds. The SPS profile was
+measured once, under that moment's load and context lengths; on a shared CPU the same
+forward can cost 1.5× more an hour later, and a profile taken during a burst of other
+work is a staircase (verifying one extra token per request priced at +44 % of a step,
+two to six at +54 %). Means per step size do not fix it at c >= 4: the sizes the engine
+runs spread over 4..32 rows and few are seen often enough. So every pure
+decode/verification forward the engine runs is one point ``(B, seconds)`` of a decayed
+weighted least-squares line
 
-    t̂(B) = t_obs(B)               once B was observed ``min_count`` times (decayed mean)
-    t̂(B) = s · t_profile(B)       otherwise, s = decayed mean of t_obs / t_profile
+    t̂(B) = a + b·B,    a, b >= 0,
 
-— the profile keeps the curve's shape where nothing was observed, the observations set
-its scale and, where the engine actually runs, its shape. Only past forwards are read,
-never a draft, so decisions priced with it stay lossless.
+fitted over all of them at once (any size informs every other). The profile is only a
+prior for its shape: a few pseudo-points ``s · t_profile(B)`` at the sizes a query prices
+(``s``: decayed mean of observed over profiled time), which pin the slope while the
+observations have no spread (a batch that never drafts runs one size only) and are
+outweighed once they do. Drafting seconds are fitted the same way against the number of
+requests drafting together (:class:`DraftCosts`): the intercept is the per-call cost
+the drafting requests of a round share, the slope what each one adds.
+
+An affine step time makes verification cost separable: ℓ more rows for one request add
+``b·ℓ`` to the step whatever the others verify, so the per-request decision of
+``scheduler/payoff.py`` prices the batch's shared step exactly. Only past forwards are
+read, never a draft, so decisions priced with these stay lossless.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dspark.scheduler.profile import SpsTable
 
 
 @dataclass
+class DecayedLine:
+    """Decayed sufficient statistics of points ``(x, y)`` for a least-squares line."""
+
+    memory: float = 0.95  # weight of the past per observation
+    w: float = 0.0  # Σ w
+    wx: float = 0.0  # Σ w x
+    wxx: float = 0.0  # Σ w x²
+    wy: float = 0.0  # Σ w y
+    wxy: float = 0.0  # Σ w x y
+
+    def observe(self, x: float, y: float) -> None:
+        m = self.memory
+        self.w = m * self.w + 1.0
+        self.wx = m * self.wx + x
+        self.wxx = m * self.wxx + x * x
+        self.wy = m * self.wy + y
+        self.wxy = m * self.wxy + x * y
+
+    def spread(self) -> float:
+        """Weighted variance of the observed ``x``."""
+        return self.wxx / self.w - (self.wx / self.w) ** 2 if self.w else 0.0
+
+
+def fit_line(
+    line: DecayedLine, prior: Sequence[tuple[float, float]] = (), prior_weight: float = 0.0
+) -> tuple[float, float]:
+    """``(a, b)``: the least-squares line ``y ≈ a + b x`` with ``a, b >= 0`` over ``line``'s
+    points and ``prior`` points of total weight ``prior_weight``; ``(0, 0)`` without points.
+
+    The constrained optimum is the unconstrained one if feasible, else the best of the
+    boundary fits (``b = 0``: the mean; ``a = 0``: through the origin).
+    """
+    pw = prior_weight / len(prior) if prior else 0.0
+    w = line.w + pw * len(prior)
+    if w <= 0:
+        return 0.0, 0.0
+    wx = line.wx + pw * sum(x for x, _ in prior)
+    wxx = line.wxx + pw * sum(x * x for x, _ in prior)
+    wy = line.wy + pw * sum(y for _, y in prior)
+    wxy = line.wxy + pw * sum(x * y for x, y in prior)
+    det = w * wxx - wx * wx
+    if det > 1e-12 * max(w * wxx, 1e-300):
+        b = (w * wxy - wx * wy) / det
+        a = (wy - b * wx) / w
+        if a >= 0 and b >= 0:
+            return a, b
+    candidates = [(wy / w, 0.0)]
+    if wxx > 0:
+        candidates.append((0.0, max(wxy / wxx, 0.0)))
+
+    def sse(ab: tuple[float, float]) -> float:  # Σ w (y - a - b x)², up to the constant Σ w y²
+        a, b = ab
+        return a * a * w + b * b * wxx + 2 * a * b * wx - 2 * a * wy - 2 * b * wxy
+
+    return min(candidates, key=sse)
+
+
+@dataclass
 class StepTimes:
-    """Decayed means of observed forward seconds per step size, over a profile."""
+    """Observed forward seconds fitted affine in the step's rows, over a profile prior."""
 
     profile: SpsTable
     memory: float = 0.95  # weight of the past per observation (~20 steps)
-    min_count: float = 3.0  # decayed observations of a size before its own mean is used
-    sums: dict[int, float] = field(default_factory=dict)  # B -> decayed Σ seconds
-    counts: dict[int, float] = field(default_factory=dict)  # B -> decayed number of steps
+    prior_weight: float = 2.0  # pseudo-observations behind the profile's shape
+    line: DecayedLine = field(init=False)
     scale_sum: float = 0.0  # decayed Σ t_obs / t_profile over every size
     scale_count: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.line = DecayedLine(self.memory)
 
     def observe(self, num_tokens: int, seconds: float) -> None:
         """One forward of ``num_tokens`` decode/verification rows took ``seconds``."""
         if num_tokens < 1 or seconds <= 0:
             return
-        m = self.memory
-        self.sums[num_tokens] = m * self.sums.get(num_tokens, 0.0) + seconds
-        self.counts[num_tokens] = m * self.counts.get(num_tokens, 0.0) + 1.0
-        self.scale_sum = m * self.scale_sum + seconds * self.profile(num_tokens)
-        self.scale_count = m * self.scale_count + 1.0
+        self.line.observe(float(num_tokens), seconds)
+        self.scale_sum = self.memory * self.scale_sum + seconds * self.profile(num_tokens)
+        self.scale_count = self.memory * self.scale_count + 1.0
 
     @property
     def scale(self) -> float:
         """Observed over profiled step time (1 before any observation)."""
         return self.scale_sum / self.scale_count if self.scale_count else 1.0
 
-    def seconds(self, num_tokens: int) -> float:
-        """``t̂(B)``: the step time to price a forward of ``num_tokens`` rows with."""
+    def fit(self, lo: int, hi: int) -> tuple[float, float]:
+        """``(a, b)`` of ``t̂(B) = a + b·B`` for pricing sizes ``lo..hi``: the prior's
+        pseudo-points are the rescaled profile at those sizes."""
+        lo, hi = max(lo, 1), max(hi, lo, 1)
+        n = min(hi - lo + 1, 8)
+        sizes = sorted({round(lo + (hi - lo) * i / max(n - 1, 1)) for i in range(n)})
+        s = self.scale
+        prior = [(float(B), s / self.profile(B)) for B in sizes]
+        return fit_line(self.line, prior, self.prior_weight)
+
+    def seconds(self, num_tokens: int, *, span: int = 1) -> float:
+        """``t̂(B)``, fitted for the sizes ``B..span·B``."""
         B = max(num_tokens, 1)
-        if self.counts.get(B, 0.0) >= self.min_count:
-            return self.sums[B] / self.counts[B]
-        return self.scale / self.profile(B)
+        a, b = self.fit(B, span * B)
+        return max(a + b * B, 1e-9)
 
     def verify_costs(self, num_requests: int, K: int) -> tuple[float, ...]:
-        """``v(ℓ)``, ℓ = 0..K: seconds per request that verifying ℓ drafts each adds to a
-        step of ``num_requests`` requests. Non-decreasing in ℓ: a bigger verification never
-        costs less, whatever mix of observed and profiled times the sizes have."""
+        """``v(ℓ) = b·ℓ``, ℓ = 0..K: seconds per request that verifying ℓ drafts each adds to a
+        step of ``num_requests`` requests (the same for any mix of lengths: ``t̂`` is affine)."""
         R = max(num_requests, 1)
-        base = self.seconds(R)
-        out, worst = [], 0.0
-        for ell in range(K + 1):
-            worst = max(worst, (self.seconds(R + R * ell) - base) / R)
-            out.append(worst)
-        return tuple(out)
+        _, b = self.fit(R, R * (K + 1))
+        return tuple(b * ell for ell in range(K + 1))
 
-    def tokens_per_s(self, num_requests: int) -> float:
+    def tokens_per_s(self, num_requests: int, K: int = 0) -> float:
         """``ρ``: tokens per second plain decoding makes with ``num_requests`` requests."""
         R = max(num_requests, 1)
-        return R / self.seconds(R)
+        return R / self.seconds(R, span=K + 1)
+
+
+@dataclass
+class DraftCosts:
+    """Drafting seconds of one proposer fitted as ``d0 + d1·n`` for ``n`` requests drafting
+    together: ``d0`` per call (shared), ``d1`` per request."""
+
+    memory: float = 0.98  # weight of the past per call (~50 calls): the split is the hardware's
+    min_spread: float = 0.25  # variance of n below which d0 and d1 cannot be told apart
+    line: DecayedLine = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.line = DecayedLine(self.memory)
+
+    def observe(self, num_requests: int, seconds: float) -> None:
+        if num_requests >= 1 and seconds >= 0:
+            self.line.observe(float(num_requests), seconds)
+
+    @property
+    def observed(self) -> bool:
+        return self.line.w > 0
+
+    def split(self, shape: tuple[float, float] = (0.0, 1.0)) -> tuple[float, float]:
+        """``(d0, d1)``. Until calls of several sizes were seen only their mean is known; it
+        is split in the ratio of ``shape = (per call, per request)`` (e.g. the target's
+        step line: a drafter forward is a forward too), by default all of it per request."""
+        line = self.line
+        if not line.w:
+            return 0.0, 0.0
+        if line.spread() < self.min_spread:
+            n, y = line.wx / line.w, line.wy / line.w  # mean requests and seconds per call
+            c0, c1 = max(shape[0], 0.0), max(shape[1], 0.0)
+            if c0 + c1 * n <= 0:
+                return 0.0, y / n
+            k = y / (c0 + c1 * n)
+            return k * c0, k * c1
+        return fit_line(line)
