@@ -164,6 +164,13 @@ def add_bench_matrix_args(p: argparse.ArgumentParser) -> None:
         default="fixed",
         help="comma-separated static policies (every round drafts, no payoff control) to compare with",
     )
+    p.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=1,
+        help="run plain decoding and every method in turn this many times per cell and sum their "
+        "seconds (a drifting machine load then weighs on baseline and methods alike)",
+    )
     p.add_argument("--json", action="store_true", help="print the cells and the goal check as JSON")
 
 
@@ -205,6 +212,7 @@ def main_bench_matrix(args: argparse.Namespace) -> int:
         requests=args.requests,
         block_size=args.block_size,
         static=static,
+        repeats=args.repeats,
         progress=show,
     )
     check = goals(cells)

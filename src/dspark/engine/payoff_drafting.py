@@ -129,18 +129,14 @@ class PayoffDrafting:
             return 0.0
         return self.model_split(num_requests)[0]
 
-    def blocked(self, decoding: list, caps: Sequence[Mapping[str, int]], costs: RoundCosts, priors) -> tuple:
-        """``(MODEL,)`` when the requests that would draft with the model this round do not
-        together repay its per-call seconds (they then only probe it), else ``()``."""
-        call_s = self.model_call_s(len(decoding))
-        if call_s <= 0:
-            return ()
-        gains = []
-        for req, cap in zip(decoding, caps):
-            g = req.payoff.gains(cap, costs, priors)
-            if MODEL in g and g[MODEL][0] > 0 and g[MODEL][0] >= max(v[0] for v in g.values()):
-                gains.append(g[MODEL][0])
-        return () if shared_call_pays(gains, call_s, costs.tokens_per_s) else (MODEL,)
+    def blocked(self, gains: Sequence[Mapping[str, tuple[float, int]]], call_s: float, rho: float) -> tuple:
+        """``(MODEL,)`` when the requests that would draft with the model this round (``gains``:
+        each one's per proposer) do not together repay its per-call seconds ``call_s`` (they
+        then only probe it), else ``()``."""
+        model = [
+            g[MODEL][0] for g in gains if MODEL in g and g[MODEL][0] >= max(v[0] for v in g.values())
+        ]
+        return () if shared_call_pays(model, call_s, rho) else (MODEL,)
 
     def observe_step(self, num_tokens: int, seconds: float) -> None:
         """An engine step without prefill rows, over ``num_tokens`` decode/verification rows, took
@@ -195,14 +191,21 @@ class PayoffDrafting:
                 caps[MODEL] = min(K, max(req.draft_budget, 0))
             every_caps.append(caps)
         tried = MODEL in self.pooled
-        blocked = self.blocked(decoding, every_caps, costs, priors) if tried else ()
+        call_s = self.model_call_s(len(decoding)) if tried else 0.0
+        every_gains: list = [None] * len(decoding)
+        blocked = ()
+        if call_s > 0:  # the model's call is shared: does the batch repay it?
+            every_gains = [r.payoff.gains(caps, costs, priors) for r, caps in zip(decoding, every_caps)]
+            blocked = self.blocked(every_gains, call_s, costs.tokens_per_s)
         choices = []
-        for req, caps in zip(decoding, every_caps):
+        for req, caps, gains in zip(decoding, every_caps, every_gains):
             if not tried and any(c.proposer == MODEL for c in choices):
                 # Until some request's outcome with the model is in the pool, one request at a
                 # time tries it: its first proposal is the costly one (the whole prompt's context).
-                caps = {**caps, MODEL: 0}
-            choice = req.payoff.decide(caps, costs, shadowed=(NGRAM,), priors=priors, blocked=blocked)
+                caps, gains = {**caps, MODEL: 0}, None
+            choice = req.payoff.decide(
+                caps, costs, shadowed=(NGRAM,), priors=priors, blocked=blocked, gains=gains
+            )
             if choice.proposer != NGRAM and lookups.get(req.id) and req.shadow is None:
                 req.shadow = (len(req.generated), lookups[req.id])  # checked against what it emits
             if choice.proposer == NGRAM:

@@ -9,7 +9,9 @@ same machine. Greedy outputs are compared with plain decoding's (losslessness).
 
 Speeds are tokens per CPU-second of this process (``time.process_time``; run with one
 thread): on a shared machine wall time mostly measures the other jobs. The wall-clock
-ratio is kept beside it.
+ratio is kept beside it. With ``repeats > 1`` plain decoding and every method of a
+(prompt set, concurrency) pair run in turn that many times and their seconds are summed,
+so a drift of the machine's load between runs weighs on the baseline and the methods alike.
 """
 
 from __future__ import annotations
@@ -46,9 +48,20 @@ class _Run:
     seconds: float  # CPU
     wall_s: float
     tokens: int
-    outputs: list[list[int]]
+    outputs: list[list[int]] | None  # None: repeats of the same requests gave different outputs
     tau: float
     drafted_share: float
+
+    def __add__(self, other: _Run) -> _Run:
+        """Two runs of the same requests: seconds and tokens summed, the first one's outputs."""
+        return _Run(
+            seconds=self.seconds + other.seconds,
+            wall_s=self.wall_s + other.wall_s,
+            tokens=self.tokens + other.tokens,
+            outputs=self.outputs if self.outputs == other.outputs else None,
+            tau=(self.tau + other.tau) / 2,
+            drafted_share=(self.drafted_share + other.drafted_share) / 2,
+        )
 
 
 def _decode(engine: Engine, prompts: list[list[int]], max_tokens: int) -> _Run:
@@ -82,6 +95,7 @@ def speed_matrix(
     block_size: int = 7,
     static: Sequence[str] = ("fixed",),
     max_seq_len: int = 512,
+    repeats: int = 1,
     progress: Callable[[Cell], None] | None = None,
 ) -> list[Cell]:
     """Every cell of the matrix (see the module docstring); prompts are token ids."""
@@ -96,31 +110,40 @@ def speed_matrix(
             )
             return Engine(target, drafter, config)
 
-        plain = _decode(engine(None, "fixed", False), prompts, max_tokens)
+        methods = [(d, m) for d in drafters for m in (PAYOFF, *static)]
+        runs: dict[tuple[str, str] | None, _Run] = {}
+        for _ in range(repeats):
+            for key in (None, *methods):
+                if key is None:
+                    run = _decode(engine(None, "fixed", False), prompts, max_tokens)
+                else:
+                    drafter, method = drafters[key[0]], key[1]
+                    run = _decode(
+                        engine(drafter, "fixed" if method == PAYOFF else method, method == PAYOFF),
+                        prompts,
+                        max_tokens,
+                    )
+                runs[key] = runs[key] + run if key in runs else run
+        plain = runs[None]
         plain_tps = plain.tokens / plain.seconds
-        for drafter_name, drafter in drafters.items():
-            for method in (PAYOFF, *static):
-                run = _decode(
-                    engine(drafter, "fixed" if method == PAYOFF else method, method == PAYOFF),
-                    prompts,
-                    max_tokens,
-                )
-                tps = run.tokens / run.seconds
-                cell = Cell(
-                    prompt_set=name,
-                    drafter=drafter_name,
-                    concurrency=c,
-                    method=method,
-                    tokens_per_s=tps,
-                    speedup=tps / plain_tps,
-                    wall_speedup=plain.wall_s / run.wall_s * run.tokens / plain.tokens,
-                    tau=run.tau,
-                    drafted_share=run.drafted_share,
-                    identical=run.outputs == plain.outputs,
-                )
-                cells.append(cell)
-                if progress is not None:
-                    progress(cell)
+        for drafter_name, method in methods:
+            run = runs[(drafter_name, method)]
+            tps = run.tokens / run.seconds
+            cell = Cell(
+                prompt_set=name,
+                drafter=drafter_name,
+                concurrency=c,
+                method=method,
+                tokens_per_s=tps,
+                speedup=tps / plain_tps,
+                wall_speedup=plain.wall_s / run.wall_s * run.tokens / plain.tokens,
+                tau=run.tau,
+                drafted_share=run.drafted_share,
+                identical=run.outputs is not None and run.outputs == plain.outputs,
+            )
+            cells.append(cell)
+            if progress is not None:
+                progress(cell)
     return cells
 
 

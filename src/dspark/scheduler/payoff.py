@@ -178,14 +178,16 @@ class PayoffController:
         shadowed: Sequence[str] = (),
         priors: Mapping[str, tuple[float, float]] | None = None,
         blocked: Sequence[str] = (),
+        gains: Mapping[str, tuple[float, int]] | None = None,
     ) -> Choice:
         """This round's proposer and cap. ``caps``: most drafts each proposer can offer now;
         ``shadowed``: proposers observed for free (:func:`shadow_outcome`), never probed;
         ``priors``: ``(e, q)`` per proposer that the request's own rates shrink to (the
         pooled rates of every request, so a new request starts from what others saw);
         ``blocked``: proposers that may only be probed this round (their shared per-call
-        cost is not repaid by the batch, :func:`shared_call_pays`)."""
-        gains = self.gains(caps, costs, priors)
+        cost is not repaid by the batch, :func:`shared_call_pays`); ``gains``: what
+        :meth:`gains` returns for these arguments, when the caller has it already."""
+        gains = self.gains(caps, costs, priors) if gains is None else gains
         probeable = {n: g for n, g in gains.items() if n not in shadowed}
         usable = {n: g for n, g in gains.items() if n not in blocked}
         best = max(usable, key=lambda n: usable[n][0]) if usable else None

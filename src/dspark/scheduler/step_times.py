@@ -5,16 +5,17 @@ measured once, under that moment's load and context lengths; on a shared CPU the
 forward can cost 1.5× more an hour later, and a profile taken during a burst of other
 work is a staircase (verifying one extra token per request priced at +44 % of a step,
 two to six at +54 %). Means per step size do not fix it at c >= 4: the sizes the engine
-runs spread over 4..32 rows and few are seen often enough. So every pure
-decode/verification forward the engine runs is one point ``(B, seconds)`` of a decayed
-weighted least-squares line
+runs spread over 4..32 rows and few are seen often enough. So every engine step without
+prefill (less the model drafter's own seconds, priced as drafting) is one point
+``(B rows, seconds)`` of a decayed weighted least-squares line
 
     t̂(B) = a + b·B,    a, b >= 0,
 
-fitted over all of them at once (any size informs every other). The profile is only a
-prior for its shape: a few pseudo-points ``s · t_profile(B)`` at the sizes a query prices
-(``s``: decayed mean of observed over profiled time), which pin the slope while the
-observations have no spread (a batch that never drafts runs one size only) and are
+fitted over all of them at once (any size informs every other). Before the first step
+the profile is the price as it is; afterwards it is only a prior for the line's shape: a
+few pseudo-points ``s · t_profile(B)`` at the sizes a query prices (``s``: decayed mean
+of observed over profiled time), which pin the slope while the observations have no
+spread (a batch that never drafts runs one size only) and are
 outweighed once they do. Drafting seconds are fitted the same way against the number of
 requests drafting together (:class:`DraftCosts`): the intercept is the per-call cost
 the drafting requests of a round share, the slope what each one adds.
@@ -129,15 +130,25 @@ class StepTimes:
         return fit_line(self.line, prior, self.prior_weight)
 
     def seconds(self, num_tokens: int, *, span: int = 1) -> float:
-        """``t̂(B)``, fitted for the sizes ``B..span·B``."""
+        """``t̂(B)``, fitted for the sizes ``B..span·B`` (the profile's own before any step)."""
         B = max(num_tokens, 1)
+        if not self.line.w:
+            return 1.0 / self.profile(B)
         a, b = self.fit(B, span * B)
         return max(a + b * B, 1e-9)
 
     def verify_costs(self, num_requests: int, K: int) -> tuple[float, ...]:
-        """``v(ℓ) = b·ℓ``, ℓ = 0..K: seconds per request that verifying ℓ drafts each adds to a
-        step of ``num_requests`` requests (the same for any mix of lengths: ``t̂`` is affine)."""
+        """``v(ℓ)``, ℓ = 0..K: seconds per request that verifying ℓ drafts each adds to a step of
+        ``num_requests`` requests: ``b·ℓ`` once steps were observed (the same for any mix of
+        lengths: ``t̂`` is affine); before, the profile's ``(t(R + Rℓ) − t(R)) / R``, kept
+        non-decreasing (its cliffs as they are: nothing says otherwise yet)."""
         R = max(num_requests, 1)
+        if not self.line.w:
+            base, out, worst = 1.0 / self.profile(R), [], 0.0
+            for ell in range(K + 1):
+                worst = max(worst, (1.0 / self.profile(R + R * ell) - base) / R)
+                out.append(worst)
+            return tuple(out)
         _, b = self.fit(R, R * (K + 1))
         return tuple(b * ell for ell in range(K + 1))
 

@@ -8,6 +8,8 @@ controller's decisions, and these assertions, never read a wall clock.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from scipy.stats import chi2_contingency
@@ -15,6 +17,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from dspark.drafters.ngram import NgramDrafter
 from dspark.engine import Engine, EngineConfig
+from dspark.engine.payoff_drafting import PayoffDrafting, pricing_clock
 from dspark.protocols import DraftBlock, SamplingParams
 from dspark.targets import TargetAdapter
 from tests.conftest import TINY_DIMS
@@ -211,8 +214,8 @@ def test_feature_drafters_catch_up_after_rounds_they_did_not_draft(target, sps, 
 
 
 def test_the_engine_reports_its_decode_steps_to_the_payoff_prices_unless_timing_is_fixed(target, sps):
-    """Measured costs: every pure decode/verification forward's seconds reach the step times
-    the controller prices with (keyed by its rows); hand-made timing (``draft_costs``) reads
+    """Measured costs: every engine step without prefill reaches the step-time line the
+    controller prices with (its rows as the size); hand-made timing (``draft_costs``) reads
     no clock."""
     from .test_engine_drafters import build
 
@@ -222,9 +225,28 @@ def test_the_engine_reports_its_decode_steps_to_the_payoff_prices_unless_timing_
         target, build("dflash", target), EngineConfig(max_batch=2, block_size=4, payoff=True), sps=sps
     )
     run_engine(measured, prompts, greedy, join_after=2)
-    observed = measured.payoff.step_times.counts
-    assert observed and all(1 <= b <= 2 * (1 + 4) for b in observed)
-    assert sum(observed.values()) > 0 and measured.payoff.step_times.scale > 0
+    line = measured.payoff.step_times.line
+    assert line.w > 0 and 1 <= line.wx / line.w <= 2 * (1 + 4)  # mean rows of the observed steps
+    assert line.wy > 0 and measured.payoff.step_times.scale > 0
+    assert measured.payoff.model_costs.observed  # the drafter's later calls were timed
     fixed = Engine(target, build("dflash", target), payoff_config(2), sps=sps)
     run_engine(fixed, prompts, greedy, join_after=2)
-    assert fixed.payoff.step_times.counts == {}
+    assert fixed.payoff.step_times.line.w == 0 and not fixed.payoff.model_costs.observed
+
+
+def test_costs_are_priced_on_the_engine_threads_cpu_clock_for_a_one_thread_cpu_target():
+    assert pricing_clock("cpu", threads=1) is time.thread_time
+    assert pricing_clock("cpu", threads=2) is time.perf_counter  # waits of other threads may sleep
+    assert pricing_clock("cuda", threads=1) is time.perf_counter
+
+
+def test_a_step_is_priced_without_the_model_drafters_seconds(sps):
+    """The model drafter's calls and updates in a step are priced as drafting: the step-time
+    line gets the rest of the step (forward, sampling, verification, bookkeeping)."""
+    payoff = PayoffDrafting(NoisyOracleDrafter({}, VOCAB), VOCAB, 4, sps)
+    payoff.start_step()
+    payoff.model_step_s = 0.003  # as propose() and observe_update() add it
+    payoff.observe_step(8, 0.010)
+    assert payoff.step_times.line.wy == pytest.approx(0.007) and payoff.step_times.line.wx == 8
+    payoff.observe_step(8, 0.010)  # the next step starts from zero drafting seconds
+    assert payoff.step_times.line.wy == pytest.approx(0.95 * 0.007 + 0.010)

@@ -12,6 +12,7 @@ from dspark.scheduler.payoff import (
     best_length,
     expected_accepted,
     shadow_outcome,
+    shared_call_pays,
 )
 
 # A batch-1 machine in units of one decode step (10 ms): each verified token adds 5 % of a
@@ -174,3 +175,32 @@ def test_one_miss_does_not_stop_a_drafter_the_pool_says_pays():
     assert c.decide({"model": 7}, COSTS, priors=pooled).proposer == "model"
     weak = controller_with({"model": [(7, 0)]}, pool_strength=0.1)
     assert weak.decide({"model": 7}, COSTS, priors=pooled).proposer is None
+
+
+def test_the_pooled_rates_keep_their_weight_where_the_config_prior_fades():
+    """After many rounds a request's own misses still sit beside the pool's evidence (at c >= 4
+    a request's ~10 decayed rounds alone are noise), while the config's guess is gone."""
+    c = controller_with({"model": [(7, 0)] * 60})
+    e_pooled, _ = c.record("model").rates(c.config, prior=(0.8, 0.7))
+    own = c.record("model").first_tested  # ~10 decayed rounds
+    assert e_pooled == pytest.approx(4 * 0.8 / (own + 4))  # pool_strength 4 pseudo-rounds
+    assert c.record("model").rates(c.config)[0] < 0.01
+
+
+def test_a_shared_drafter_call_pays_only_from_the_sum_of_its_requests_gains():
+    assert shared_call_pays([0.3, 0.3, -0.5], call_s=0.5, tokens_per_s=1.0)  # 0.6 > 0.5: losers left out
+    assert not shared_call_pays([0.2, 0.2], call_s=0.5, tokens_per_s=1.0)
+    assert not shared_call_pays([], call_s=0.0, tokens_per_s=1.0)
+
+
+def test_a_blocked_proposer_is_not_drafted_with_but_still_probed():
+    """The batch did not repay the model's call: the request falls back to the free n-gram that
+    pays, and probes the model on the probe clock as it would any unprofitable proposer."""
+    c = controller_with({"model": [(7, 6)] * 6, "ngram": [(7, 3)] * 6}, probe_every=4, probe_max=4)
+    caps = {"ngram": 7, "model": 7}
+    assert c.decide(caps, COSTS, shadowed=("ngram",)).proposer == "model"  # it pays alone
+    choices = [c.decide(caps, COSTS, shadowed=("ngram",), blocked=("model",)) for _ in range(8)]
+    assert [ch.proposer for ch in choices] == ["ngram"] * 3 + ["model"] + ["ngram"] * 3 + ["model"]
+    assert all(ch.probe for ch in choices if ch.proposer == "model")
+    alone = controller_with({"model": [(7, 6)] * 6}, probe_every=4)
+    assert alone.decide({"model": 7}, COSTS, blocked=("model",)).proposer is None

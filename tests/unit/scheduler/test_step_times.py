@@ -1,59 +1,114 @@
-"""Observed step times over the profiled SPS curve: what payoff control prices with (issue 17)."""
+"""Observed step and drafting costs fitted affine in size, over the profiled SPS curve: what
+payoff control prices with (issue 17). Hand-made timing tables only, no clock."""
 
 from __future__ import annotations
 
 import pytest
 
 from dspark.scheduler import SpsTable
-from dspark.scheduler.step_times import StepTimes
+from dspark.scheduler.step_times import DecayedLine, DraftCosts, StepTimes, fit_line
 
-# A profile taken during a burst of other work: verifying anything costs +25 % or more.
-PROFILE = SpsTable.from_dict({1: 100.0, 2: 80.0, 4: 70.0, 8: 60.0})
-
-
-def test_before_any_observation_the_profile_is_used_as_is():
-    times = StepTimes(PROFILE)
-    assert times.seconds(1) == pytest.approx(0.010)
-    assert times.tokens_per_s(1) == pytest.approx(100.0)
-    t3 = (1 / 80 + 1 / 70) / 2  # the table interpolates step time linearly between sizes
-    assert times.verify_costs(1, 3) == pytest.approx((0.0, 0.0125 - 0.010, t3 - 0.010, 1 / 70 - 0.010))
+# A machine whose step of B rows takes 10 ms + 1 ms per row.
+AFFINE = SpsTable.from_dict({b: 1.0 / (0.010 + 0.001 * b) for b in range(1, 65)})
+# A profile taken under other load, a staircase: one extra token per request priced +44 %
+# of a 4-row step, two to six +54 %.
+STAIRCASE = SpsTable.from_dict({4: 1 / 0.0100, 5: 1 / 0.0144, 8: 1 / 0.0144, 28: 1 / 0.0154, 32: 1 / 0.0200})
 
 
-def test_observed_sizes_replace_the_profile_and_set_the_scale_of_the_others():
-    times = StepTimes(PROFILE, min_count=3, memory=1.0)  # plain means
-    for _ in range(5):
-        times.observe(1, 0.020)  # the machine is twice as slow now ...
-        times.observe(2, 0.021)  # ... and one extra token costs +5 %, not +25 %
-    assert times.seconds(1) == pytest.approx(0.020)
-    assert times.seconds(2) == pytest.approx(0.021)
-    assert times.scale == pytest.approx((0.020 / 0.010 + 0.021 / 0.0125) / 2)
-    assert times.seconds(8) == pytest.approx(times.scale / 60.0)  # unobserved: the profile, rescaled
-    assert times.tokens_per_s(1) == pytest.approx(50.0)
-    v = times.verify_costs(1, 7)
-    assert v[1] == pytest.approx(0.001)
-    assert all(b >= a for a, b in zip(v, v[1:]))  # never cheaper to verify more
+def line_of(points, memory: float = 1.0) -> DecayedLine:
+    line = DecayedLine(memory)
+    for x, y in points:
+        line.observe(x, y)
+    return line
 
 
-def test_a_size_seen_fewer_than_min_count_times_is_still_priced_by_the_profile():
-    times = StepTimes(PROFILE, min_count=3)
-    times.observe(4, 0.5)
-    times.observe(4, 0.5)
-    assert times.seconds(4) == pytest.approx(times.scale / 70.0)
-    times.observe(4, 0.5)
-    assert times.seconds(4) == pytest.approx(0.5)
+def test_fit_line_recovers_an_affine_law():
+    a, b = fit_line(line_of([(x, 2.0 + 0.5 * x) for x in range(1, 9)]))
+    assert (a, b) == pytest.approx((2.0, 0.5))
 
 
-def test_verification_costs_stay_non_decreasing_when_observed_and_profiled_sizes_mix():
-    times = StepTimes(PROFILE, min_count=1)
-    times.observe(1, 0.010)
-    times.observe(8, 0.011)  # observed 8 rows cheap, unobserved 4 rows priced by the profile
-    v = times.verify_costs(1, 7)
-    assert all(b >= a for a, b in zip(v, v[1:]))
-    assert v[7] >= v[3]
+def test_fit_line_keeps_intercept_and_slope_non_negative():
+    # Falling times (noise): a step never gets cheaper with more rows, so the slope is 0.
+    assert fit_line(line_of([(1, 3.0), (2, 2.0), (3, 1.0)])) == pytest.approx((2.0, 0.0))
+    # A steep line through negative intercept: the best line through the origin instead.
+    a, b = fit_line(line_of([(10, 1.0), (11, 3.0)]))
+    assert a == 0.0 and b == pytest.approx((10 * 1.0 + 11 * 3.0) / (10**2 + 11**2))
+    assert fit_line(DecayedLine()) == (0.0, 0.0)
 
 
-def test_bad_observations_are_ignored():
-    times = StepTimes(PROFILE)
+def test_recent_points_outweigh_old_ones():
+    old = [(x, 1.0 + 0.1 * x) for x in (1, 4, 8)] * 20
+    new = [(x, 2.0 + 0.1 * x) for x in (1, 4, 8)] * 5
+    a, b = fit_line(line_of(old + new, memory=0.8))
+    assert a == pytest.approx(2.0, abs=0.05) and b == pytest.approx(0.1, abs=0.01)
+
+
+def test_prior_points_pin_the_slope_of_points_without_spread():
+    a, b = fit_line(line_of([(4, 0.028)] * 20), prior=[(4, 0.028), (32, 0.084)], prior_weight=2.0)
+    assert a + 4 * b == pytest.approx(0.028) and b == pytest.approx(0.002)
+
+
+def test_before_any_observation_the_profile_is_the_price():
+    times = StepTimes(AFFINE)
+    assert times.verify_costs(1, 3) == pytest.approx((0.0, 0.001, 0.002, 0.003))
+    assert times.tokens_per_s(1, 7) == pytest.approx(1 / 0.011)
+    assert times.verify_costs(4, 7)[1] == pytest.approx(0.001)  # one more row per request: 1 ms each
+    stairs = StepTimes(STAIRCASE).verify_costs(4, 7)
+    assert stairs[1] == pytest.approx(0.0011)  # +44 % of the 10 ms step for one token each
+    assert stairs == pytest.approx(tuple((1 / STAIRCASE(4 + 4 * ell) - 0.010) / 4 for ell in range(8)))
+
+
+def test_after_one_observation_the_line_prices_with_the_profile_as_its_shape():
+    times = StepTimes(AFFINE)
+    times.observe(1, 0.022)  # twice as slow as profiled
+    assert times.verify_costs(1, 3) == pytest.approx((0.0, 0.002, 0.004, 0.006), rel=0.05)
+    assert times.tokens_per_s(1, 3) == pytest.approx(1 / 0.022, rel=0.05)
+
+
+def test_observed_steps_with_spread_replace_a_staircase_profile():
+    """The c = 4 case: steps of 4..32 rows observed, each size once or twice (no size often
+    enough for a mean of its own), on a line of 20 ms + 0.4 ms per row."""
+    times = StepTimes(STAIRCASE)
+    for B in (4, 8, 12, 15, 20, 22, 26, 32, 4, 21, 30, 9):
+        times.observe(B, 0.020 + 0.0004 * B)
+    v = times.verify_costs(4, 7)
+    assert v[1] == pytest.approx(0.0004, rel=0.1)  # the staircase said 1.1 ms
+    assert v[7] == pytest.approx(7 * 0.0004, rel=0.1)
+    assert times.tokens_per_s(4, 7) == pytest.approx(4 / 0.0216, rel=0.05)
+
+
+def test_a_batch_that_never_drafts_takes_its_slope_from_the_profile_rescaled():
+    times = StepTimes(AFFINE)
+    for _ in range(30):
+        times.observe(4, 0.028)  # the machine is twice as slow as profiled, only 4-row steps
+    assert times.scale == pytest.approx(2.0)
+    assert times.seconds(4, span=8) == pytest.approx(0.028, rel=0.01)
+    assert times.verify_costs(4, 7)[1] == pytest.approx(0.002, rel=0.05)  # the profile's 1 ms, doubled
+
+
+def test_verification_costs_are_non_decreasing_and_bad_observations_ignored():
+    times = StepTimes(STAIRCASE)
     times.observe(0, 1.0)
     times.observe(3, -1.0)
-    assert times.counts == {} and times.scale == 1.0
+    assert times.line.w == 0 and times.scale == 1.0
+    times.observe(8, 0.030)
+    times.observe(16, 0.010)  # a noisy, cheaper bigger step
+    v = times.verify_costs(4, 7)
+    assert all(b >= a >= 0 for a, b in zip(v, v[1:]))
+
+
+def test_draft_costs_split_per_call_and_per_request():
+    costs = DraftCosts(memory=1.0)
+    for n in (1, 4, 2, 3, 1, 4):
+        costs.observe(n, 0.004 + 0.001 * n)
+    assert costs.split() == pytest.approx((0.004, 0.001))
+
+
+def test_draft_costs_of_one_call_size_follow_the_shape_they_are_given():
+    costs = DraftCosts()
+    assert not costs.observed and costs.split() == (0.0, 0.0)
+    for _ in range(5):
+        costs.observe(4, 0.008)
+    assert costs.split() == pytest.approx((0.0, 0.002))  # by default all of it per request
+    d0, d1 = costs.split((3.0, 1.0))  # e.g. the target's step: 3 parts per call, 1 per request
+    assert d0 + 4 * d1 == pytest.approx(0.008) and d0 == pytest.approx(3 * d1)
