@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from numpy.lib.stride_tricks import sliding_window_view
 
 from dspark.protocols import DraftBlock, SamplingParams, SequenceState
 
@@ -29,14 +28,26 @@ def lookup(tokens: np.ndarray, max_len: int, min_n: int, max_n: int) -> list[int
     """Continuation of the most recent earlier match of the longest suffix of ``tokens``.
 
     ``tokens`` is ``[T]``; returns at most ``max_len`` ids (empty when nothing matches).
+    Only earlier positions holding the last token can end a match, so the suffix is
+    compared backwards from those alone (one pass over ``tokens``, then ``max_n`` steps
+    over the candidates): the payoff controller looks up every decoding request.
     """
     T = tokens.shape[0]
-    for n in range(min(max_n, T - 1), min_n - 1, -1):
-        suffix = tokens[T - n :]
-        windows = sliding_window_view(tokens[: T - 1], n)  # [T-n, n]: every earlier n-gram
-        hits = np.flatnonzero((windows == suffix).all(axis=1))
+    top = min(max_n, T - 1)
+    if top < max(min_n, 1):
+        return []
+    ends = np.flatnonzero(tokens[: T - 1] == tokens[T - 1])  # [C] where an earlier match may end
+    matched = np.ones(ends.size, dtype=np.int64)  # [C] length of the common suffix, up to top
+    alive = np.ones(ends.size, dtype=bool)
+    for k in range(1, top):
+        prev = ends - k
+        alive &= prev >= 0
+        alive[alive] = tokens[prev[alive]] == tokens[T - 1 - k]
+        matched += alive
+    for n in range(top, min_n - 1, -1):
+        hits = ends[matched >= n]
         if hits.size:
-            start = int(hits[-1]) + n  # the token after the most recent match
+            start = int(hits[-1]) + 1  # the token after the most recent match
             return tokens[start : start + max_len].tolist()
     return []
 

@@ -92,6 +92,7 @@ class PayoffDrafting:
         self.draft_s: dict[str, float] = {}  # EMAs per request: n-gram lookup, model update
         self.model_costs = DraftCosts()  # the model drafter's seconds: per call + per request
         self.model_step_s = 0.0  # the model drafter's seconds in this engine step
+        self._split: tuple = (None, (0.0, 0.0))  # (inputs, model_split) of the last call
         self.step_times = StepTimes(sps)
         self.lazy_update = hasattr(self.model, "sync_context")
         # Every request's outcomes pooled per proposer, slowly forgotten: the prior a request's
@@ -109,19 +110,19 @@ class PayoffDrafting:
             draft_s = dict(self.draft_s)
             if self.model_costs.observed:
                 draft_s[MODEL] = self.model_split(R)[1] + self.draft_s.get(UPDATE, 0.0)
-        return RoundCosts(
-            verify_s=self.step_times.verify_costs(R, self.block_size),
-            tokens_per_s=self.step_times.tokens_per_s(R, self.block_size),
-            draft_s=draft_s,
-        )
+        verify_s, rho = self.step_times.prices(R, self.block_size)
+        return RoundCosts(verify_s=verify_s, tokens_per_s=rho, draft_s=draft_s)
 
     def model_split(self, num_requests: int) -> tuple[float, float]:
         """The model drafter's ``(seconds per call, seconds per request)``; while its calls
         were all of one size, split like the target's step line (a call drafts a block of
         ``K + 1`` rows per request)."""
         R = max(num_requests, 1)
-        a, b = self.step_times.fit(R, R * (self.block_size + 1))
-        return self.model_costs.split((a, b * (self.block_size + 1)))
+        key = (R, self.step_times.line.w, self.step_times.line.wy, self.model_costs.line.wy)
+        if self._split[0] != key:  # asked twice a round (costs, then the shared-call check)
+            a, b = self.step_times.fit(R, R * (self.block_size + 1))
+            self._split = (key, self.model_costs.split((a, b * (self.block_size + 1))))
+        return self._split[1]
 
     def model_call_s(self, num_requests: int) -> float:
         """The model drafter's seconds per call, shared by the requests drafting with it."""

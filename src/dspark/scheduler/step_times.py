@@ -152,6 +152,14 @@ class StepTimes:
         _, b = self.fit(R, R * (K + 1))
         return tuple(b * ell for ell in range(K + 1))
 
+    def prices(self, num_requests: int, K: int) -> tuple[tuple[float, ...], float]:
+        """``(v(ℓ) for ℓ = 0..K, ρ)`` from one fit: :meth:`verify_costs` and :meth:`tokens_per_s`."""
+        R = max(num_requests, 1)
+        if not self.line.w:
+            return self.verify_costs(R, K), self.tokens_per_s(R, K)
+        a, b = self.fit(R, R * (K + 1))
+        return tuple(b * ell for ell in range(K + 1)), R / max(a + b * R, 1e-9)
+
     def tokens_per_s(self, num_requests: int, K: int = 0) -> float:
         """``ρ``: tokens per second plain decoding makes with ``num_requests`` requests."""
         R = max(num_requests, 1)

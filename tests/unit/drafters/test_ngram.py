@@ -36,3 +36,23 @@ def test_propose_one_hot_block():
     assert block.tokens[0].tolist() == [3, 4, 1, 2]
     assert torch.equal(block.probs[0].argmax(-1), block.tokens[0])
     assert torch.allclose(block.probs.sum(-1), torch.ones(2, 4))
+
+
+def _brute_force_lookup(tokens: list[int], max_len: int, min_n: int, max_n: int) -> list[int]:
+    """The definition, one window at a time: longest suffix first, most recent match first."""
+    T = len(tokens)
+    for n in range(min(max_n, T - 1), min_n - 1, -1):
+        for j in range(T - 1 - n, -1, -1):
+            if tokens[j : j + n] == tokens[T - n :]:
+                return tokens[j + n : j + n + max_len]
+    return []
+
+
+def test_lookup_agrees_with_the_definition_on_random_sequences():
+    rng = np.random.default_rng(0)
+    for trial in range(400):
+        T = int(rng.integers(1, 60))
+        seq = rng.integers(0, 1 + trial % 6, size=T).tolist()  # small vocabularies: many matches
+        min_n, max_n = int(rng.integers(1, 3)), int(rng.integers(1, 6))
+        max_len = int(rng.integers(1, 8))
+        assert lookup(np.array(seq), max_len, min_n, max_n) == _brute_force_lookup(seq, max_len, min_n, max_n)

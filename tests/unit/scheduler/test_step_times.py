@@ -75,6 +75,8 @@ def test_observed_steps_with_spread_replace_a_staircase_profile():
     assert v[1] == pytest.approx(0.0004, rel=0.1)  # the staircase said 1.1 ms
     assert v[7] == pytest.approx(7 * 0.0004, rel=0.1)
     assert times.tokens_per_s(4, 7) == pytest.approx(4 / 0.0216, rel=0.05)
+    verify_s, rho = times.prices(4, 7)
+    assert verify_s == pytest.approx(v) and rho == pytest.approx(times.tokens_per_s(4, 7))
 
 
 def test_a_batch_that_never_drafts_takes_its_slope_from_the_profile_rescaled():
