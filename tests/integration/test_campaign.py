@@ -59,3 +59,42 @@ def test_status_and_learning_curves(run, capsys):
     for method in METHODS:
         assert status["training"][method]["step"] == 2 and status["training"][method]["finished"]
         assert status["training"][method]["latest_checkpoint"]
+
+
+def test_depth_sweep_reuses_the_campaign_dspark_trains_the_others_and_resumes(run, capsys):
+    """Fig. 3 at the campaign's budget: DSpark 2L is the campaign's own drafter, the rest train."""
+    sweep = ["--sweeps", "depth"]
+    assert main(["--threads", "1", "campaign", "--out", str(run), *ARGS, *sweep]) == 0
+    capsys.readouterr()
+    summary = json.loads((run / "summary.json").read_text())["sweeps"]["depth"]
+    variants = summary["variants"]
+    assert list(variants) == ["dspark 1L", "dspark 2L", "dspark 5L", "dflash 5L"]
+    assert variants["dspark 2L"]["drafter"] == "drafters/dspark"
+    for label, name in (("dspark 1L", "dspark-1L"), ("dspark 5L", "dspark-5L"), ("dflash 5L", "dflash-5L")):
+        assert variants[label]["drafter"] == f"drafters/{name}" and variants[label]["steps"] == 2
+    points = {(p["label"], p["benchmark"]) for p in summary["points"]}
+    assert {label for label, _ in points} == set(variants) and len(points) == 4 * 3
+    report = run / summary["report"]
+    assert report.is_file() and (report.parent / "depth.png").stat().st_size > 0
+    # The layer counts reached the trained drafters (not only the labels).
+    layers = {
+        name: json.loads((run / "drafters" / name / "config.json").read_text())
+        for name in ("dspark-1L", "dspark-5L", "dflash-5L")
+    }
+    assert {n: c["num_hidden_layers"] for n, c in layers.items()} == {
+        "dspark-1L": 1,
+        "dspark-5L": 5,
+        "dflash-5L": 5,
+    }
+    assert main(["--threads", "1", "campaign", "--out", str(run), *ARGS, *sweep]) == 0
+    err = capsys.readouterr().err
+    for stage in ("train-dspark-1L", "train-dspark-5L", "train-dflash-5L", "sweep-depth"):
+        assert f"· {stage}: done in an earlier run" in err, stage
+    assert main(["campaign", "--out", str(run), "--status"]) == 0
+    assert json.loads(capsys.readouterr().out)["training"]["dflash-5L"]["finished"]
+
+
+def test_bad_sweep_is_a_user_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["campaign", "--out", str(tmp_path), "--sweeps", "width"])
+    assert e.value.code == 2 and "unknown --sweeps width" in capsys.readouterr().err

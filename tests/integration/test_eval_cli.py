@@ -178,6 +178,15 @@ def test_calibrate_fits_and_writes_temperatures(setup, tmp_path, capsys):
     assert code == 2 and "no confidence head" in err
 
 
+def test_calibrate_never_rewrites_a_shipped_drafter_in_place(tmp_path, capsys):
+    shipped = assets_dir() / "drafters" / "tiny" / "dspark" / "config.json"
+    before = shipped.read_bytes() if shipped.is_file() else None
+    code, _, err = _run(capsys, "calibrate", "--drafter", "dspark", "--out", tmp_path / "cal")
+    assert code == 2 and "part of the package; pass --save-to DIR" in err
+    assert not (tmp_path / "cal").exists()
+    assert (shipped.read_bytes() if shipped.is_file() else None) == before
+
+
 @pytest.mark.parametrize("kind", ["depth", "block-size"])
 def test_sweeps_train_evaluate_and_plot(setup, tmp_path, capsys, kind):
     out = tmp_path / kind

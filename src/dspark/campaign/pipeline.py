@@ -17,6 +17,7 @@ command resumes there. Deleting the folder restarts from nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -28,6 +29,7 @@ import torch
 from dspark.campaign.plan import METHODS, CampaignPlan
 from dspark.campaign.plateau import plateaued
 from dspark.campaign.progress import plot_learning_curves
+from dspark.campaign.sweeps import run_sweep
 from dspark.drafters.folder import file_sha256
 from dspark.errors import DsparkError
 from dspark.quickstart.stages import Stages
@@ -219,16 +221,30 @@ class Campaign:
 
     # -- 3. training, equal budgets --------------------------------------------------------------
 
-    def train(self, method: str, preset: str, cache: dict[str, Any]) -> dict[str, Any]:
-        p = self.plan
+    def train(
+        self,
+        method: str,
+        preset: str,
+        cache: dict[str, Any],
+        *,
+        name: str | None = None,
+        changes: tuple[tuple[str, int], ...] = (),
+        plan: CampaignPlan | None = None,
+    ) -> dict[str, Any]:
+        """Train ``method`` from ``preset``; a sweep variant passes its ``name`` (stage and
+        folders), the ``changes`` to the preset's config and its ``plan`` (the sweep's budget)."""
+        p = plan or self.plan
+        name = name or method
         key = {"target": self.target_id, "cache": cache["cache_id"], "preset": preset} | p.part(
             "epochs", "batch_size", "micro_batch_size", "num_anchors", "lr", "seed",
             "plateau_tail", "plateau_gain", "plateau_min_epochs",
         )  # fmt: skip
         if p.draft_vocab is not None:  # keys of plans without one stay as they were (resume)
             key |= p.part("draft_vocab")
-        run_dir = self.out / "train" / method
-        folder = self.out / "drafters" / method
+        if changes:
+            key["changes"] = [list(c) for c in changes]
+        run_dir = self.out / "train" / name
+        folder = self.out / "drafters" / name
 
         def run() -> dict[str, Any]:
             from dspark.data.cache import FeatureCache
@@ -262,7 +278,9 @@ class Campaign:
             drafter, result = train_new_drafter(
                 cfg,
                 self.target,
-                with_draft_vocab(getattr(presets, preset)(), p.draft_vocab),
+                with_draft_vocab(
+                    dataclasses.replace(getattr(presets, preset)(), **dict(changes)), p.draft_vocab
+                ),
                 samples,
                 folder,
                 feature_cache=features,
@@ -290,7 +308,7 @@ class Campaign:
                 "drafter_id": _sha(folder / "model.safetensors"),
             }
 
-        return self.stages.run(f"train-{method}", key, run, outputs=(run_dir, folder))
+        return self.stages.run(f"train-{name}", key, run, outputs=(run_dir, folder))
 
     # -- 4. evaluation -----------------------------------------------------------------------
 
@@ -334,6 +352,7 @@ def run_campaign(
     out: Path,
     *,
     methods: tuple[str, ...] = METHODS,
+    sweeps: tuple[str, ...] = (),
     progress: bool = True,
     announce: Callable[[str], None] = print,
 ) -> dict[str, Any]:
@@ -346,8 +365,11 @@ def run_campaign(
     presets = dict(zip(METHODS, plan.presets))
     trained = {m: campaign.train(m, presets[m], cache) for m in methods}
     evaluated = campaign.evaluate(trained)
+    swept = {kind: run_sweep(campaign, kind, cache, trained) for kind in sweeps}
     summary = {"plan": plan.part(*plan.__dataclass_fields__), "data": data, "cache": cache}
     summary |= {"trained": trained, "eval": evaluated, "seconds": round(time.perf_counter() - started, 1)}
+    if swept:
+        summary["sweeps"] = swept
     tokens_per_step = plan.batch_size * cache["tokens"] / max(cache["samples"], 1)
     plot = plot_learning_curves(out, tokens_per_step, out / "learning_curves.png")
     summary["learning_curves"] = str(plot.relative_to(out)) if plot else None

@@ -44,6 +44,11 @@ class CampaignPlan:
     # N: every drafter proposes from the N most frequent tokens of the regenerated data
     # (issue 16); None = each preset's own choice. In the train stage's key only when set.
     draft_vocab: int | None = None
+    # sweeps (campaign/sweeps.py, `--sweeps`): the paper's Figs. 3 and 4 at this budget
+    sweep_epochs: float | None = None  # None = `epochs` (the campaign's drafters are reused)
+    depth_layers: tuple[int, ...] = (1, 2, 5)  # DSpark depths (Fig. 3) ...
+    depth_baseline_layers: int = 5  # ... against a DFlash this deep
+    block_lengths: tuple[int, ...] = (4, 8, 12, 16)  # draft lengths γ + 1 (Fig. 4)
 
     def part(self, *names: str) -> dict[str, Any]:
         """The fields a stage depends on (its resume key)."""

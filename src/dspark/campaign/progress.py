@@ -50,7 +50,8 @@ def status(out: Path) -> dict[str, Any]:
     """Stages finished, and per drafter: last step, expected τ, last real τ, checkpoints."""
     stages = sorted(p.stem for p in (out / "stages").glob("*.json") if not p.stem.endswith(".started"))
     report: dict[str, Any] = {"folder": str(out), "stages_done": stages, "training": {}}
-    for method in METHODS:
+    variants = sorted(p.name for p in (out / "train").glob("*") if p.is_dir() and p.name not in METHODS)
+    for method in (*METHODS, *variants):  # the campaign's drafters, then its sweep variants
         run = out / "train" / method
         if not run.is_dir():
             continue

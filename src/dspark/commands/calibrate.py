@@ -78,7 +78,14 @@ def main_calibrate(args: argparse.Namespace) -> int:
     from dspark.drafters.registry import TRAINABLE
 
     # A folder is checked before the target loads; a shipped name needs the target to resolve.
-    folder = None if args.drafter in TRAINABLE else _drafter_folder(args.drafter)
+    shipped = args.drafter in TRAINABLE
+    if shipped and args.save_to is None and not args.dry_run:
+        # A shipped drafter is part of the installed package: never rewrite it in place.
+        raise DsparkError(
+            f"--drafter {args.drafter} is the shipped drafter, part of the package; pass --save-to DIR "
+            "for a calibrated copy (then --drafter DIR), or --dry-run to fit and report only"
+        )
+    folder = None if shipped else _drafter_folder(args.drafter)
     benchmarks = load_benchmarks(args, skip=args.skip)
     target = load_eval_target(args)
     folder = folder or _drafter_folder(args.drafter, target)

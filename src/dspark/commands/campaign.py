@@ -39,6 +39,21 @@ def add_campaign_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--epochs", type=float, default=None, help="training budget in epochs (default: the plan's)"
     )
+    p.add_argument(
+        "--sweeps",
+        default="",
+        help="also run the paper's ablations at this budget, after the evaluation: depth (Fig. 3: "
+        "DSpark 1/2/5 layers vs a 5-layer DFlash), block-size (Fig. 4: draft length 4/8/12/16 for "
+        "DSpark and DFlash); comma-separated, each variant its own resumable training stage "
+        "(reports in <out>/sweeps/<kind>/)",
+    )
+    p.add_argument(
+        "--sweep-epochs",
+        type=float,
+        default=None,
+        help="training budget of each sweep variant (default: --epochs; then the campaign's own "
+        "DSpark and DFlash are the variants they equal)",
+    )
     p.add_argument("--prompts", type=int, default=None, help="regenerate only the first N training prompts")
     p.add_argument("--eval-prompts", type=int, default=None, help="prompts per evaluation set")
     p.add_argument("--eval-max-tokens", type=int, default=None, help="tokens per evaluation answer")
@@ -60,9 +75,12 @@ def main_campaign(args: argparse.Namespace) -> int:
     With more cores, start one such process per core on the same --out with the methods
     in different orders (`--methods eagle3,dflash,dspark`): a stage runs in one process at
     a time, the others wait for it and skip it once it is done.
+    `--sweeps depth,block-size` then trains and evaluates the paper's ablations (Figs. 3
+    and 4) from the same feature cache, at the campaign's budget or `--sweep-epochs`.
     """
     from dspark.campaign.pipeline import run_campaign
     from dspark.campaign.plan import METHODS, PLANS
+    from dspark.campaign.sweeps import parse_sweeps
 
     out = args.out or default_root() / args.target
     if args.status:
@@ -78,6 +96,12 @@ def main_campaign(args: argparse.Namespace) -> int:
     unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:
         raise DsparkError(f"unknown --methods {unknown or args.methods!r}; choose from {', '.join(METHODS)}")
+    try:
+        sweeps = parse_sweeps(args.sweeps)
+    except ValueError as e:
+        raise DsparkError(str(e)) from None
+    if args.sweep_epochs is not None and not args.sweep_epochs > 0:
+        raise DsparkError(f"--sweep-epochs must be > 0, got {args.sweep_epochs}")
     plan = PLANS[args.target]
     changes = {
         k: v
@@ -86,6 +110,7 @@ def main_campaign(args: argparse.Namespace) -> int:
             ("prompts", args.prompts),
             ("eval_prompts", args.eval_prompts),
             ("eval_max_tokens", args.eval_max_tokens),
+            ("sweep_epochs", args.sweep_epochs),
         )
         if v is not None
     }
@@ -94,6 +119,7 @@ def main_campaign(args: argparse.Namespace) -> int:
         plan,
         out,
         methods=methods,
+        sweeps=sweeps,
         progress=not args.no_progress,
         announce=lambda line: print(line, file=sys.stderr, flush=True),
     )

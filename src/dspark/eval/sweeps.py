@@ -153,15 +153,19 @@ def run_sweep(
         drafters[variant.label] = train_variant(target, variant, dataset, out, training)
     config = dataclasses.replace(eval_config, baseline=False, block_size=None)
     result = run_eval(target, drafters, benchmarks, config)
+    return SweepResult(kind, list(variants), sweep_points(variants, result), result)
+
+
+def sweep_points(variants: Sequence[Variant], result: EvalResult) -> list[SweepPoint]:
+    """τ per variant and benchmark from an evaluation whose drafters are labelled as the variants."""
     by_label = {v.label: v for v in variants}
-    points = [
+    return [
         SweepPoint(
             r.drafter, by_label[r.drafter].method, by_label[r.drafter].value, r.benchmark, r.domain, r.tau
         )
         for r in result.rows
         if r.drafter in by_label
     ]
-    return SweepResult(kind, list(variants), points, result)
 
 
 # -- outputs --------------------------------------------------------------------------------
