@@ -16,11 +16,15 @@ times are the engine's own forwards fitted affine in rows over the SPS profile
 as a per-call part the round's drafting requests share plus a per-request part
 (:class:`~dspark.scheduler.step_times.DraftCosts`) — leaving out calls that hold a
 request's first model proposal, which also pays the drafter's pass over the whole prompt,
-once per request; the n-gram lookup is an average per request.
+once per request; the n-gram lookup is an average per request. A drafter that catches up
+from ``state.features`` (``sync_context``, on itself or its backbone) is told only about
+its own rounds, and a request drafting with it is also charged the absorption of the
+tokens it has not seen (timed apart before the call, fitted per call + per token).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -39,7 +43,7 @@ from dspark.scheduler.payoff import (
     shadow_outcome,
     shared_call_pays,
 )
-from dspark.scheduler.step_times import DraftCosts, StepTimes
+from dspark.scheduler.step_times import DecayedLine, DraftCosts, StepTimes, fit_line
 
 POOL_MEMORY = 0.99  # per pooled observation
 SHADOW_EVERY = 4  # tokens between n-gram lookups while the n-gram does not pay
@@ -93,8 +97,16 @@ class PayoffDrafting:
         self.model_costs = DraftCosts()  # the model drafter's seconds: per call + per request
         self.model_step_s = 0.0  # the model drafter's seconds in this engine step
         self._split: tuple = (None, (0.0, 0.0))  # (inputs, model_split) of the last call
+        # A lazily updated drafter absorbs, when a request next drafts, every token committed
+        # since: (tokens absorbed, seconds) per request, fitted as a line (``catch_up_s``).
+        self.sync_line = DecayedLine(0.98)
         self.step_times = StepTimes(sps)
-        self.lazy_update = hasattr(self.model, "sync_context")
+        # A drafter that catches up from ``state.features`` when it proposes (``sync_context``,
+        # on itself or its backbone: DFlash, DSpark) is told only about its own rounds.
+        self.sync_context = getattr(self.model, "sync_context", None) or getattr(
+            getattr(self.model, "backbone", None), "sync_context", None
+        )
+        self.lazy_update = self.sync_context is not None
         # Every request's outcomes pooled per proposer, slowly forgotten: the prior a request's
         # own rates shrink to (a new request starts from what the others saw, not from 0.5).
         self.pooled: dict[str, AcceptanceRecord] = {}
@@ -123,6 +135,23 @@ class PayoffDrafting:
             a, b = self.step_times.fit(R, R * (self.block_size + 1))
             self._split = (key, self.model_costs.split((a, b * (self.block_size + 1))))
         return self._split[1]
+
+    def pending(self, req) -> int:
+        """Committed tokens the model drafter has not absorbed for ``req`` (0 unless lazy)."""
+        if not self.lazy_update:
+            return 0
+        cache = req.state.drafter_cache
+        done = cache.context.length if cache is not None else 0
+        return max(len(req.state.token_ids) - 1 - done, 0)
+
+    def catch_up_s(self, req) -> float:
+        """Seconds drafting with the model now adds for ``req`` to absorb its pending tokens
+        (the whole context on its first proposal, the rounds it skipped later)."""
+        n = self.pending(req)
+        if n == 0 or not self.sync_line.w or self.fixed_costs is not None:
+            return 0.0
+        a, b = fit_line(self.sync_line)
+        return a + b * n
 
     def model_call_s(self, num_requests: int) -> float:
         """The model drafter's seconds per call, shared by the requests drafting with it."""
@@ -183,8 +212,13 @@ class PayoffDrafting:
                 skip = n == 0 or (hopeless and not due)
                 lookups[req.id] = [] if skip else lookup(np.asarray(req.state.token_ids), n, c.min_n, c.max_n)
             self._measured(NGRAM, self.clock() - started, len(decoding))
-        every_caps = []
+        every_caps, every_costs = [], []
         for req in decoding:
+            if self.model is not None and MODEL in costs.draft_s and self.sync_line.w:
+                d = costs.draft_s[MODEL] + self.catch_up_s(req)
+                every_costs.append(dataclasses.replace(costs, draft_s={**costs.draft_s, MODEL: d}))
+            else:
+                every_costs.append(costs)
             caps = {}
             if self.ngram is not None:
                 caps[NGRAM] = len(lookups[req.id])
@@ -196,16 +230,18 @@ class PayoffDrafting:
         every_gains: list = [None] * len(decoding)
         blocked = ()
         if call_s > 0:  # the model's call is shared: does the batch repay it?
-            every_gains = [r.payoff.gains(caps, costs, priors) for r, caps in zip(decoding, every_caps)]
+            every_gains = [
+                r.payoff.gains(caps, c, priors) for r, caps, c in zip(decoding, every_caps, every_costs)
+            ]
             blocked = self.blocked(every_gains, call_s, costs.tokens_per_s)
         choices = []
-        for req, caps, gains in zip(decoding, every_caps, every_gains):
+        for req, caps, gains, own in zip(decoding, every_caps, every_gains, every_costs):
             if not tried and any(c.proposer == MODEL for c in choices):
                 # Until some request's outcome with the model is in the pool, one request at a
                 # time tries it: its first proposal is the costly one (the whole prompt's context).
                 caps, gains = {**caps, MODEL: 0}, None
             choice = req.payoff.decide(
-                caps, costs, shadowed=(NGRAM,), priors=priors, blocked=blocked, gains=gains
+                caps, own, shadowed=(NGRAM,), priors=priors, blocked=blocked, gains=gains
             )
             if choice.proposer != NGRAM and lookups.get(req.id) and req.shadow is None:
                 req.shadow = (len(req.generated), lookups[req.id])  # checked against what it emits
@@ -232,6 +268,15 @@ class PayoffDrafting:
         caps = {r.id: c.length for r, c in zip(decoding, choices) if c.proposer is not None}
         parts: list[tuple[list, DraftBlock]] = []
         if by_model:
+            if self.lazy_update:  # absorb the pending tokens first, timed apart (``catch_up_s``)
+                for req in by_model:
+                    if req.state.drafter_cache is not None and (n := self.pending(req)):
+                        started = self.clock()
+                        self.sync_context(req.state)
+                        elapsed = self.clock() - started
+                        self.model_step_s += elapsed
+                        if self.fixed_costs is None:
+                            self.sync_line.observe(float(n), elapsed)
             started = self.clock()
             # Always γ drafts, capped per request: a seeded request draws the same drafter randomness.
             parts.append(

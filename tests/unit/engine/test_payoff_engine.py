@@ -250,3 +250,30 @@ def test_a_step_is_priced_without_the_model_drafters_seconds(sps):
     assert payoff.step_times.line.wy == pytest.approx(0.007) and payoff.step_times.line.wx == 8
     payoff.observe_step(8, 0.010)  # the next step starts from zero drafting seconds
     assert payoff.step_times.line.wy == pytest.approx(0.95 * 0.007 + 0.010)
+
+
+def test_backbone_drafters_catch_up_lazily_and_the_catch_up_is_priced(target, sps):
+    """DFlash and DSpark hold ``sync_context`` on their backbone: they are told only about their
+    own rounds too. Drafting with the model now costs a request the absorption of every token
+    it has not seen (the whole context on its first proposal), on the fitted per-call line."""
+    from types import SimpleNamespace
+
+    from .test_engine_drafters import build
+
+    for name in ("dflash", "dspark"):
+        assert PayoffDrafting(build(name, target), VOCAB, 4, sps).lazy_update, name
+    payoff = PayoffDrafting(build("dflash", target), VOCAB, 4, sps)
+
+    def req(committed: int, absorbed: int | None):
+        cache = None if absorbed is None else SimpleNamespace(context=SimpleNamespace(length=absorbed))
+        return SimpleNamespace(state=SimpleNamespace(token_ids=[0] * (committed + 1), drafter_cache=cache))
+
+    assert payoff.catch_up_s(req(40, 20)) == 0.0  # nothing measured yet
+    payoff.sync_line.observe(10.0, 0.0010)
+    payoff.sync_line.observe(30.0, 0.0020)  # 0.5 ms per call + 0.05 ms per token
+    assert payoff.pending(req(40, 20)) == 20 and payoff.pending(req(40, None)) == 40
+    assert payoff.catch_up_s(req(40, 20)) == pytest.approx(0.0005 + 20 * 0.00005)
+    assert payoff.catch_up_s(req(40, None)) == pytest.approx(0.0005 + 40 * 0.00005)
+    assert payoff.catch_up_s(req(40, 40)) == 0.0  # up to date: nothing to absorb
+    eager = PayoffDrafting(NoisyOracleDrafter({}, VOCAB), VOCAB, 4, sps)
+    assert not eager.lazy_update and eager.pending(req(40, None)) == 0
