@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from dspark.campaign.plan import PLANS
-from dspark.campaign.sweeps import parse_sweeps, reused_method, sweep_plan, sweep_variants
+from dspark.campaign.sweeps import parse_sweeps, reused_method, sweep_plan, sweep_variants, training_order
 from dspark.presets import drafters as presets
 
 PLAN = PLANS["tiny"]
@@ -53,3 +53,15 @@ def test_parse_sweeps_names_the_bad_kind():
         parse_sweeps("depth,width")
     with pytest.raises(ValueError, match="unknown sweep"):
         sweep_variants("width", PLAN, BASES)
+
+
+def test_the_depth_sweep_trains_its_deepest_variants_first():
+    depth = sweep_variants("depth", PLAN, BASES)
+    assert [v.name for v in training_order("depth", depth)] == [
+        "dspark-5L",
+        "dflash-5L",
+        "dspark-2L",
+        "dspark-1L",
+    ]
+    block = sweep_variants("block-size", PLAN, BASES)
+    assert training_order("block-size", block) == block
