@@ -312,26 +312,33 @@ class Campaign:
 
     # -- 4. evaluation -----------------------------------------------------------------------
 
+    EVAL_FIELDS = ("eval_sets", "eval_prompts", "eval_max_tokens", "temperature", "seed")  # in eval keys
+
+    def decode_eval(self, drafters: dict[str, Any], *, baseline: bool = True):
+        """``drafters`` on the plan's evaluation sets (same prompts and seeds for each): an EvalResult."""
+        from dspark.eval.benchmarks import load_benchmark
+        from dspark.eval.runner import EvalConfig, run_eval
+
+        p = self.plan
+        benches = [load_benchmark(name, limit=p.eval_prompts) for name in p.eval_sets]
+        config = EvalConfig(
+            temperature=p.temperature, max_tokens=p.eval_max_tokens, seed=p.seed,
+            progress=self.progress, baseline=baseline,
+        )  # fmt: skip
+        return run_eval(self.target, drafters, benches, config)
+
     def evaluate(self, trained: dict[str, dict[str, Any]]) -> dict[str, Any]:
         p = self.plan
-        key = {m: d["drafter_id"] for m, d in trained.items()} | p.part(
-            "eval_sets", "eval_prompts", "eval_max_tokens", "temperature", "seed"
-        )
+        key = {m: d["drafter_id"] for m, d in trained.items()} | p.part(*self.EVAL_FIELDS)
 
         def run() -> dict[str, Any]:
             from dspark.drafters.folder import load_drafter
             from dspark.drafters.registry import build_drafter
-            from dspark.eval.benchmarks import load_benchmark
             from dspark.eval.report import write_eval_report
-            from dspark.eval.runner import EvalConfig, run_eval
 
             drafters = {m: load_drafter(self.out / d["drafter"], self.target) for m, d in trained.items()}
             drafters["ngram"] = build_drafter("ngram", self.target)
-            benches = [load_benchmark(name, limit=p.eval_prompts) for name in p.eval_sets]
-            config = EvalConfig(
-                temperature=p.temperature, max_tokens=p.eval_max_tokens, seed=p.seed, progress=self.progress
-            )
-            result = run_eval(self.target, drafters, benches, config)
+            result = self.decode_eval(drafters)
             write_eval_report(result, self.out / "eval", {"target": p.target, "campaign": str(self.out)})
             rows = [
                 {"drafter": r.drafter, "benchmark": r.benchmark, "tau": r.tau, "speedup": r.speedup}

@@ -112,12 +112,12 @@ def run_sweep(
 ) -> dict[str, Any]:
     """Train the variants of one sweep (each its own resumable stage), then evaluate them
     together on the evaluation sets and write ``sweeps/<kind>/report.md`` with its figure."""
-    from dspark.campaign.sweeps import reused_method, sweep_plan, sweep_variants
     from dspark.presets import drafters as presets
 
     p = campaign.plan
+    plan = sweep_plan(p)
     preset_of = dict(zip(METHODS, p.presets))
-    bases = {m: getattr(presets, preset_of[m])() for m in ("dspark", "dflash")}
+    bases = {m: getattr(presets, preset_of[m])() for m in SWEPT_METHODS}
     variants = sweep_variants(kind, p, bases)
     runs = {}
     for v in training_order(kind, variants):
@@ -125,36 +125,25 @@ def run_sweep(
         if reuse is not None:
             runs[v.name] = trained.get(reuse) or campaign.train(reuse, preset_of[reuse], cache)
         else:
-            plan = sweep_plan(p)
             runs[v.name] = campaign.train(
                 v.method, preset_of[v.method], cache, name=v.name, changes=v.changes, plan=plan
             )
-    key = {name: r["drafter_id"] for name, r in runs.items()} | p.part(
-        "eval_sets", "eval_prompts", "eval_max_tokens", "temperature", "seed"
-    )
+    key = {name: r["drafter_id"] for name, r in runs.items()} | p.part(*campaign.EVAL_FIELDS)
 
     def run() -> dict[str, Any]:
         from dspark.drafters.folder import load_drafter
-        from dspark.eval.benchmarks import load_benchmark
-        from dspark.eval.runner import EvalConfig, run_eval
         from dspark.eval.sweeps import SweepResult, Variant, sweep_points, write_sweep_report
 
         drafters = {
             v.label: load_drafter(campaign.out / runs[v.name]["drafter"], campaign.target) for v in variants
         }
-        benches = [load_benchmark(name, limit=p.eval_prompts) for name in p.eval_sets]
-        config = EvalConfig(
-            temperature=p.temperature, max_tokens=p.eval_max_tokens, seed=p.seed,
-            progress=campaign.progress, baseline=False,
-        )  # fmt: skip
-        result = run_eval(campaign.target, drafters, benches, config)
+        result = campaign.decode_eval(drafters, baseline=False)
         chosen = [Variant(v.label, v.method, v.value, v.config(bases[v.method])) for v in variants]
         swept = SweepResult(kind, chosen, sweep_points(chosen, result), result)
-        epochs = sweep_plan(p).epochs
         meta = {
             "target": p.target,
             "campaign": str(campaign.out),
-            "training": f"{epochs:g} epochs or plateau",
+            "training": f"{plan.epochs:g} epochs or plateau",
         }
         report = write_sweep_report(swept, campaign.out / "sweeps" / kind, meta)
         return {
