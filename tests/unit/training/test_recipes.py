@@ -161,13 +161,21 @@ def test_training_uses_ce_for_the_first_steps_then_tv(tmp_path, target):
         assert r["loss"] == pytest.approx(0.1 * r["ce"] + 0.9 * r["tv"] + r["conf"], rel=1e-5)
 
 
-def test_ce_warmup_needs_a_tv_objective(tmp_path, target):
+@pytest.mark.parametrize(
+    ("recipe", "message"),
+    [({"ce_warmup_frac": 0.5}, "no TV term"), ({"head_lr_mult": 2.0}, "sequential head")],
+    ids=["ce-warmup-needs-a-tv-objective", "head-lr-mult-needs-a-sequential-head"],
+)
+def test_a_recipe_dflash_lacks_the_part_for_is_refused(tmp_path, target, recipe, message):
     torch.manual_seed(0)
-    with pytest.raises(DsparkError, match="no TV term"):
+    with pytest.raises(DsparkError, match=message):
         Trainer(
-            _cfg(tmp_path, ce_warmup_frac=0.5), target, DFlashDrafter.from_target(target, DFLASH), _dataset(),
+            _cfg(tmp_path, **recipe),
+            target,
+            DFlashDrafter.from_target(target, DFLASH),
+            _dataset(),
             _world(target),
-        )  # fmt: skip
+        )
 
 
 # -- the sequential head's learning rate -----------------------------------------------------------
@@ -200,15 +208,6 @@ def test_default_keeps_the_two_groups_of_earlier_runs(tmp_path, target):
         [id(p) for p in trainable if p.dim() >= 2],
         [id(p) for p in trainable if p.dim() < 2],
     ]
-
-
-def test_head_lr_mult_needs_a_sequential_head(tmp_path, target):
-    torch.manual_seed(0)
-    with pytest.raises(DsparkError, match="sequential head"):
-        Trainer(
-            _cfg(tmp_path, head_lr_mult=2.0), target, DFlashDrafter.from_target(target, DFLASH), _dataset(),
-            _world(target),
-        )  # fmt: skip
 
 
 # -- run identity: unchanged for the paper's recipe -------------------------------------------------
