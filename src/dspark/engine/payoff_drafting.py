@@ -24,9 +24,8 @@ tokens it has not seen (timed apart before the call, fitted per call + per token
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
@@ -35,6 +34,7 @@ from dspark.drafters.ngram import NgramConfig, NgramDrafter, lookup
 from dspark.protocols import DraftBlock, Drafter
 from dspark.scheduler import SpsTable
 from dspark.scheduler.payoff import (
+    PLAIN,
     AcceptanceRecord,
     Choice,
     PayoffConfig,
@@ -43,6 +43,7 @@ from dspark.scheduler.payoff import (
     shadow_outcome,
     shared_call_pays,
 )
+from dspark.scheduler.payoff_batch import batch_best_length, batch_rates, quiet_rows
 from dspark.scheduler.step_times import DecayedLine, DraftCosts, StepTimes, fit_line
 
 POOL_MEMORY = 0.99  # per pooled observation
@@ -159,15 +160,6 @@ class PayoffDrafting:
             return 0.0
         return self.model_split(num_requests)[0]
 
-    def blocked(self, gains: Sequence[Mapping[str, tuple[float, int]]], call_s: float, rho: float) -> tuple:
-        """``(MODEL,)`` when the requests that would draft with the model this round (``gains``:
-        each one's per proposer) do not together repay its per-call seconds ``call_s`` (they
-        then only probe it), else ``()``."""
-        model = [
-            g[MODEL][0] for g in gains if MODEL in g and g[MODEL][0] >= max(v[0] for v in g.values())
-        ]
-        return () if shared_call_pays(model, call_s, rho) else (MODEL,)
-
     def observe_step(self, num_tokens: int, seconds: float) -> None:
         """An engine step without prefill rows, over ``num_tokens`` decode/verification rows, took
         ``seconds`` (on :attr:`clock`): all of it but the model drafter's calls and updates
@@ -196,59 +188,91 @@ class PayoffDrafting:
             self.draft_s[name] = per if prev is None else 0.9 * prev + 0.1 * per
 
     def plan(self, decoding: list, K: int) -> tuple[list[Choice], dict[int, list[int]]]:
-        """Every decoding request's choice this round, and the n-gram lookups (request id -> tokens)."""
+        """Every decoding request's choice this round, and the n-gram lookups (request id -> tokens).
+
+        The same decisions as :meth:`PayoffController.decide` request by request, with every
+        request's gains computed at once (``scheduler/payoff_batch.py``); only the requests
+        that may draft or probe this round go through ``decide``, the others just count a
+        plain round.
+        """
+        R, config = len(decoding), self.config
+        costs = self.costs(R)
+        priors = {name: record.rates(config) for name, record in self.pooled.items()}
+        ctrls = [r.payoff for r in decoding]
+        budget = np.array([min(K, max(r.draft_budget, 0)) for r in decoding], dtype=np.int64)  # [R]
+
+        def gains_of(name: str, caps: np.ndarray, draft_s) -> tuple[np.ndarray, np.ndarray]:
+            e, q = batch_rates([c.records.get(name) for c in ctrls], config, priors.get(name))
+            return batch_best_length(e, q, caps, draft_s, costs, config.margin)
+
         lookups: dict[int, list[int]] = {}
-        costs = self.costs(len(decoding))
-        priors = {name: record.rates(self.config) for name, record in self.pooled.items()}
+        gains: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # proposer -> (G [R], ℓ [R])
+        caps: dict[str, np.ndarray] = {}
         if self.ngram is not None:
-            started = self.clock()
-            c = self.ngram.config
-            for req in decoding:
-                n = min(K, max(req.draft_budget, 0))
-                # While even a full block would not pay, look up only to refresh the shadow
-                # evidence, every SHADOW_EVERY tokens: a lookup per request per step is not free.
-                hopeless = n > 0 and req.payoff.gains({NGRAM: n}, costs, priors)[NGRAM][0] <= 0
+            # While even a full block would not pay, look up only to refresh the shadow
+            # evidence, every SHADOW_EVERY tokens: a lookup per request per step is not free.
+            hopeless = gains_of(NGRAM, budget, costs.draft_s.get(NGRAM, 0.0))[0] <= 0  # [R]
+            c, started = self.ngram.config, self.clock()
+            for req, n, lost in zip(decoding, budget.tolist(), hopeless.tolist()):
                 due = req.shadow is None and len(req.generated) % SHADOW_EVERY == 0
-                skip = n == 0 or (hopeless and not due)
+                skip = n == 0 or (lost and not due)
                 lookups[req.id] = [] if skip else lookup(np.asarray(req.state.token_ids), n, c.min_n, c.max_n)
-            self._measured(NGRAM, self.clock() - started, len(decoding))
-        every_caps, every_costs = [], []
-        for req in decoding:
-            if self.model is not None and MODEL in costs.draft_s and self.sync_line.w:
-                d = costs.draft_s[MODEL] + self.catch_up_s(req)
-                every_costs.append(dataclasses.replace(costs, draft_s={**costs.draft_s, MODEL: d}))
-            else:
-                every_costs.append(costs)
-            caps = {}
-            if self.ngram is not None:
-                caps[NGRAM] = len(lookups[req.id])
-            if self.model is not None:
-                caps[MODEL] = min(K, max(req.draft_budget, 0))
-            every_caps.append(caps)
+            self._measured(NGRAM, self.clock() - started, R)
+            caps[NGRAM] = np.array([len(lookups[r.id]) for r in decoding], dtype=np.int64)
+            gains[NGRAM] = gains_of(NGRAM, caps[NGRAM], costs.draft_s.get(NGRAM, 0.0))
+        if self.model is not None:
+            model_s: np.ndarray | float = costs.draft_s.get(MODEL, 0.0)
+            if MODEL in costs.draft_s and self.sync_line.w:  # + each request's catch-up
+                model_s = model_s + self.catch_up_batch(decoding)
+            caps[MODEL] = budget
+            gains[MODEL] = gains_of(MODEL, budget, model_s)
         tried = MODEL in self.pooled
-        call_s = self.model_call_s(len(decoding)) if tried else 0.0
-        every_gains: list = [None] * len(decoding)
+        call_s = self.model_call_s(R) if tried else 0.0
         blocked = ()
-        if call_s > 0:  # the model's call is shared: does the batch repay it?
-            every_gains = [
-                r.payoff.gains(caps, c, priors) for r, caps, c in zip(decoding, every_caps, every_costs)
-            ]
-            blocked = self.blocked(every_gains, call_s, costs.tokens_per_s)
-        choices = []
-        for req, caps, gains, own in zip(decoding, every_caps, every_gains, every_costs):
-            if not tried and any(c.proposer == MODEL for c in choices):
+        if call_s > 0 and MODEL in gains:  # the model's call is shared: does the batch repay it?
+            top = np.maximum.reduce([g for g, _ in gains.values()])  # [R]
+            g = gains[MODEL][0]
+            wants = np.isfinite(g) & (g >= top)
+            blocked = () if shared_call_pays(g[wants].tolist(), call_s, costs.tokens_per_s) else (MODEL,)
+        skipped = np.array([c.skipped for c in ctrls], dtype=np.int64)
+        interval = np.array([c.interval or c.config.probe_every for c in ctrls], dtype=np.int64)
+        quiet = quiet_rows(
+            {name: g for name, (g, _) in gains.items()},
+            probeable=[n for n in gains if n != NGRAM],
+            blocked=blocked,
+            skipped=skipped,
+            interval=interval,
+        )
+        choices = [PLAIN] * R
+        for i in np.flatnonzero(quiet).tolist():
+            ctrls[i].skipped += 1
+        model_tries = False
+        for i in np.flatnonzero(~quiet).tolist():
+            own_caps = {name: int(c[i]) for name, c in caps.items()}
+            own = {n: (float(g[i]), int(ell[i])) for n, (g, ell) in gains.items() if own_caps[n] >= 1}
+            if not tried and model_tries:
                 # Until some request's outcome with the model is in the pool, one request at a
                 # time tries it: its first proposal is the costly one (the whole prompt's context).
-                caps, gains = {**caps, MODEL: 0}, None
-            choice = req.payoff.decide(
-                caps, own, shadowed=(NGRAM,), priors=priors, blocked=blocked, gains=gains
+                own_caps[MODEL] = 0
+                own.pop(MODEL, None)
+            choices[i] = ctrls[i].decide(
+                own_caps, costs, shadowed=(NGRAM,), priors=priors, blocked=blocked, gains=own
             )
-            if choice.proposer != NGRAM and lookups.get(req.id) and req.shadow is None:
-                req.shadow = (len(req.generated), lookups[req.id])  # checked against what it emits
+            model_tries |= choices[i].proposer == MODEL
+        for req, choice in zip(decoding, choices):
             if choice.proposer == NGRAM:
                 req.shadow = None  # this round observes the n-gram for real
-            choices.append(choice)
+            elif req.shadow is None and lookups.get(req.id):
+                req.shadow = (len(req.generated), lookups[req.id])  # checked against what it emits
         return choices, lookups
+
+    def catch_up_batch(self, decoding: list) -> np.ndarray:
+        """:meth:`catch_up_s` of every request, ``[R]``."""
+        if not self.sync_line.w or self.fixed_costs is not None:
+            return np.zeros(len(decoding))
+        n = np.array([self.pending(r) for r in decoding], dtype=np.float64)  # [R]
+        a, b = fit_line(self.sync_line)
+        return np.where(n > 0, a + b * n, 0.0)
 
     def propose(
         self,

@@ -142,6 +142,9 @@ class Choice:
     probe: bool = False
 
 
+PLAIN = Choice(None)
+
+
 @dataclass
 class PayoffController:
     """One request's payoff state: an acceptance record per proposer and the probe clock."""

@@ -1,0 +1,138 @@
+"""The engine's vectorised payoff plan makes the same decisions, request by request, as
+:meth:`PayoffController.decide` called for each request (the plan before issue 17's floor
+work), on hand-made histories and timing tables; no wall clock (the pricing clock is frozen)."""
+
+from __future__ import annotations
+
+import copy
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from dspark.drafters.ngram import lookup
+from dspark.engine.payoff_drafting import MODEL, NGRAM, SHADOW_EVERY, PayoffDrafting
+from dspark.engine.requests import Request
+from dspark.protocols import SamplingParams, SequenceState
+from dspark.scheduler import FirstAcceptPredictor
+from dspark.scheduler.payoff import PayoffConfig, PayoffController, RoundCosts, shared_call_pays
+
+from .conftest import VOCAB
+from .drafters import NoisyOracleDrafter
+from .test_engine_drafters import build
+
+
+def reference_plan(payoff: PayoffDrafting, decoding: list[Request], K: int):
+    """The decisions defined request by request: each request's own gains and ``decide``."""
+    costs = payoff.costs(len(decoding))
+    priors = {name: record.rates(payoff.config) for name, record in payoff.pooled.items()}
+    lookups, every_caps, every_costs = {}, [], []
+    for req in decoding:
+        n = min(K, max(req.draft_budget, 0))
+        if payoff.ngram is not None:
+            hopeless = n > 0 and req.payoff.gains({NGRAM: n}, costs, priors)[NGRAM][0] <= 0
+            due = req.shadow is None and len(req.generated) % SHADOW_EVERY == 0
+            c = payoff.ngram.config
+            skip = n == 0 or (hopeless and not due)
+            lookups[req.id] = [] if skip else lookup(np.asarray(req.state.token_ids), n, c.min_n, c.max_n)
+        own = costs
+        if payoff.model is not None and MODEL in costs.draft_s and payoff.sync_line.w:
+            d = costs.draft_s[MODEL] + payoff.catch_up_s(req)
+            own = RoundCosts(verify_s=costs.verify_s, tokens_per_s=costs.tokens_per_s, draft_s={**costs.draft_s, MODEL: d})
+        every_costs.append(own)
+        caps = {NGRAM: len(lookups[req.id])} if payoff.ngram is not None else {}
+        if payoff.model is not None:
+            caps[MODEL] = n
+        every_caps.append(caps)
+    tried = MODEL in payoff.pooled
+    call_s = payoff.model_call_s(len(decoding)) if tried else 0.0
+    blocked = ()
+    if call_s > 0:
+        every_gains = [r.payoff.gains(c, o, priors) for r, c, o in zip(decoding, every_caps, every_costs)]
+        model = [g[MODEL][0] for g in every_gains if MODEL in g and g[MODEL][0] >= max(v[0] for v in g.values())]
+        blocked = () if shared_call_pays(model, call_s, costs.tokens_per_s) else (MODEL,)
+    choices = []
+    for req, caps, own in zip(decoding, every_caps, every_costs):
+        if not tried and any(c.proposer == MODEL for c in choices):
+            caps = {**caps, MODEL: 0}
+        choice = req.payoff.decide(caps, own, shadowed=(NGRAM,), priors=priors, blocked=blocked)
+        if choice.proposer != NGRAM and lookups.get(req.id) and req.shadow is None:
+            req.shadow = (len(req.generated), lookups[req.id])
+        if choice.proposer == NGRAM:
+            req.shadow = None
+        choices.append(choice)
+    return choices, lookups
+
+
+def requests(rng: random.Random, count: int) -> list[Request]:
+    config = PayoffConfig(probe_every=4, probe_max=16)
+    out = []
+    for i in range(count):
+        base = [rng.randrange(3, VOCAB) for _ in range(rng.randrange(2, 9))]
+        prompt = (base * 6)[: rng.randrange(6, 40)] if rng.random() < 0.6 else [rng.randrange(3, VOCAB) for _ in range(20)]
+        generated = prompt[: rng.randrange(0, 12)]
+        state = SequenceState(i, prompt + generated, len(prompt))
+        if rng.random() < 0.5:  # what a lazy drafter has absorbed (None: never proposed)
+            state.drafter_cache = SimpleNamespace(context=SimpleNamespace(length=rng.randrange(0, len(prompt))))
+        ctrl = PayoffController(config=config)
+        for name in (NGRAM, MODEL):
+            for _ in range(rng.randrange(0, 10)):
+                v = rng.randrange(1, 8)
+                ctrl.observe(name, v, min(v, int(rng.expovariate(0.3 if name == MODEL else 1.0))))
+        ctrl.skipped, ctrl.interval = rng.randrange(0, 16), rng.choice([0, 4, 8, 16])
+        req = Request(
+            id=i,
+            params=SamplingParams(temperature=0.0, max_tokens=rng.choice([len(generated) + 1, 64])),
+            state=state,
+            max_new=rng.choice([len(generated) + rng.randrange(0, 4), 64]),
+            generator=None,
+            on_tokens=None,
+            predictor=FirstAcceptPredictor(estimate=0.5),
+            payoff=ctrl,
+            generated=list(generated),
+        )
+        if rng.random() < 0.3:
+            req.shadow = (max(len(generated) - 1, 0), [1, 2])
+        out.append(req)
+    return out
+
+
+def priced(payoff: PayoffDrafting, rng: random.Random, *, measured: bool) -> None:
+    """Hand-made timings: fitted step line, n-gram and model seconds, catch-up line, pooled rates."""
+    payoff.clock = lambda: 0.0  # the plan times its lookups: a frozen clock keeps both plans equal
+    if not measured:
+        return
+    for rows in (4, 16, 40):
+        payoff.step_times.observe(rows, 0.010 + rows * rng.uniform(0.0002, 0.0006))
+    payoff.draft_s[NGRAM] = rng.uniform(0.0, 0.0002)
+    for n in (1, 4, 8):
+        payoff.model_costs.observe(n, rng.uniform(0.001, 0.004) + n * rng.uniform(0.0001, 0.001))
+    payoff.sync_line.observe(10.0, 0.0010)
+    payoff.sync_line.observe(40.0, 0.0016)
+    for name in rng.sample([NGRAM, MODEL], rng.randrange(0, 3)):
+        for _ in range(6):
+            payoff._observe(SimpleNamespace(payoff=PayoffController()), name, 4, rng.randrange(0, 5))
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+@pytest.mark.parametrize("measured", [False, True])
+def test_the_vectorised_plan_decides_as_each_request_would(target, sps, lazy, measured):
+    rng = random.Random(7 + lazy + 2 * measured)
+    for trial in range(25):
+        drafter = build("dflash", target) if lazy else NoisyOracleDrafter({}, VOCAB)
+        costs = None if measured else (("model", rng.uniform(0.0, 0.3)), ("ngram", 0.0))
+        payoff = PayoffDrafting(drafter, VOCAB, 7, sps, draft_costs=dict(costs) if costs else None)
+        priced(payoff, rng, measured=measured)
+        reqs = requests(rng, rng.choice([1, 5, 16, 40]))
+        expected_reqs, before = copy.deepcopy(reqs), copy.deepcopy(payoff)  # the plan measures its lookups
+        choices, lookups = payoff.plan(reqs, 7)
+        expected_choices, expected_lookups = reference_plan(before, expected_reqs, 7)
+        assert choices == expected_choices, trial
+        assert lookups == expected_lookups, trial
+        for got, want in zip(reqs, expected_reqs):
+            assert (got.payoff.skipped, got.payoff.interval, got.shadow) == (
+                want.payoff.skipped,
+                want.payoff.interval,
+                want.shadow,
+            ), trial

@@ -1,0 +1,83 @@
+"""The batch gains of ``scheduler/payoff_batch.py`` equal the per-request formulas of
+``scheduler/payoff.py`` on hand-made histories and timing tables (issue 17's floor)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from dspark.scheduler.payoff import AcceptanceRecord, PayoffConfig, PayoffController, RoundCosts, best_length
+from dspark.scheduler.payoff_batch import batch_best_length, batch_rates, quiet_rows
+
+
+def records(seed: int, n: int) -> list[AcceptanceRecord | None]:
+    rng = random.Random(seed)
+    out: list[AcceptanceRecord | None] = [None]
+    for _ in range(n):
+        r = AcceptanceRecord()
+        for _ in range(rng.randrange(0, 12)):
+            verified = rng.randrange(0, 8)
+            r.observe(verified, rng.randrange(0, verified + 1), memory=0.9)
+        out.append(r)
+    return out
+
+
+@pytest.mark.parametrize("prior", [None, (0.3, 0.6)])
+def test_batch_rates_equal_each_records_rates(prior):
+    config = PayoffConfig()
+    recs = records(1, 30)
+    e, q = batch_rates(recs, config, prior)
+    for i, rec in enumerate(recs):
+        assert (e[i], q[i]) == pytest.approx((rec or AcceptanceRecord()).rates(config, prior), rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "verify_s",
+    [
+        tuple(0.0005 * ell for ell in range(8)),  # linear: 5 % of a 10 ms step per token
+        (0.0, 0.004, 0.0045, 0.0047, 0.0048, 0.006, 0.0061, 0.0062),  # a concave staircase
+    ],
+)
+def test_batch_best_length_equals_best_length(verify_s):
+    rng = random.Random(2)
+    costs = RoundCosts(verify_s=verify_s, tokens_per_s=100.0, draft_s={})
+    R = 200
+    e = np.array([rng.random() for _ in range(R)])
+    q = np.array([rng.random() for _ in range(R)])
+    caps = np.array([rng.randrange(-1, 10) for _ in range(R)])
+    draft_s = np.array([rng.random() * 0.01 for _ in range(R)])
+    gain, ell = batch_best_length(e, q, caps, draft_s, costs, margin=1.3)
+    for i in range(R):
+        g, k = best_length(e[i], q[i], int(caps[i]), draft_s=draft_s[i], costs=costs, margin=1.3)
+        assert int(ell[i]) == k
+        assert gain[i] == (pytest.approx(g, rel=1e-9, abs=1e-12) if k else float("-inf"))
+
+
+def test_quiet_rows_are_exactly_those_decide_leaves_plain_without_a_probe():
+    """A row is quiet iff ``decide`` returns plain decoding and is not probing; it then only
+    counts the skipped round."""
+    rng = random.Random(3)
+    costs = RoundCosts(verify_s=tuple(0.0005 * ell for ell in range(8)), tokens_per_s=100.0, draft_s={})
+    for trial in range(300):
+        ctrl = PayoffController(config=PayoffConfig(probe_every=4))
+        ctrl.skipped, ctrl.interval = rng.randrange(0, 8), rng.choice([0, 4, 8])
+        gains = {
+            "ngram": rng.choice([float("-inf"), -0.5, 0.2]),
+            "model": rng.choice([float("-inf"), -0.1, 0.3]),
+        }
+        blocked = rng.choice([(), ("model",)])
+        quiet = quiet_rows(
+            {n: np.array([g]) for n, g in gains.items()},
+            probeable=["model"],
+            blocked=blocked,
+            skipped=np.array([ctrl.skipped]),
+            interval=np.array([ctrl.interval or ctrl.config.probe_every]),
+        )[0]
+        caps = {n: 0 if g == float("-inf") else 3 for n, g in gains.items()}
+        own = {n: (g, 2) for n, g in gains.items() if caps[n] >= 1}
+        before = ctrl.skipped
+        choice = ctrl.decide(caps, costs, shadowed=("ngram",), blocked=blocked, gains=own)
+        plain_count = choice.proposer is None and ctrl.skipped == before + 1
+        assert quiet == plain_count, (trial, gains, blocked, before, choice)
