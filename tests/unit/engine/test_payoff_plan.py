@@ -39,7 +39,9 @@ def reference_plan(payoff: PayoffDrafting, decoding: list[Request], K: int):
         own = costs
         if payoff.model is not None and MODEL in costs.draft_s and payoff.sync_line.w:
             d = costs.draft_s[MODEL] + payoff.catch_up_s(req)
-            own = RoundCosts(verify_s=costs.verify_s, tokens_per_s=costs.tokens_per_s, draft_s={**costs.draft_s, MODEL: d})
+            own = RoundCosts(
+                verify_s=costs.verify_s, tokens_per_s=costs.tokens_per_s, draft_s={**costs.draft_s, MODEL: d}
+            )
         every_costs.append(own)
         caps = {NGRAM: len(lookups[req.id])} if payoff.ngram is not None else {}
         if payoff.model is not None:
@@ -50,7 +52,9 @@ def reference_plan(payoff: PayoffDrafting, decoding: list[Request], K: int):
     blocked = ()
     if call_s > 0:
         every_gains = [r.payoff.gains(c, o, priors) for r, c, o in zip(decoding, every_caps, every_costs)]
-        model = [g[MODEL][0] for g in every_gains if MODEL in g and g[MODEL][0] >= max(v[0] for v in g.values())]
+        model = [
+            g[MODEL][0] for g in every_gains if MODEL in g and g[MODEL][0] >= max(v[0] for v in g.values())
+        ]
         blocked = () if shared_call_pays(model, call_s, costs.tokens_per_s) else (MODEL,)
     choices = []
     for req, caps, own in zip(decoding, every_caps, every_costs):
@@ -70,11 +74,17 @@ def requests(rng: random.Random, count: int) -> list[Request]:
     out = []
     for i in range(count):
         base = [rng.randrange(3, VOCAB) for _ in range(rng.randrange(2, 9))]
-        prompt = (base * 6)[: rng.randrange(6, 40)] if rng.random() < 0.6 else [rng.randrange(3, VOCAB) for _ in range(20)]
+        prompt = (
+            (base * 6)[: rng.randrange(6, 40)]
+            if rng.random() < 0.6
+            else [rng.randrange(3, VOCAB) for _ in range(20)]
+        )
         generated = prompt[: rng.randrange(0, 12)]
         state = SequenceState(i, prompt + generated, len(prompt))
         if rng.random() < 0.5:  # what a lazy drafter has absorbed (None: never proposed)
-            state.drafter_cache = SimpleNamespace(context=SimpleNamespace(length=rng.randrange(0, len(prompt))))
+            state.drafter_cache = SimpleNamespace(
+                context=SimpleNamespace(length=rng.randrange(0, len(prompt)))
+            )
         ctrl = PayoffController(config=config)
         for name in (NGRAM, MODEL):
             for _ in range(rng.randrange(0, 10)):
