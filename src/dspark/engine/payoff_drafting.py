@@ -292,6 +292,8 @@ class PayoffDrafting:
         caps = {r.id: c.length for r, c in zip(decoding, choices) if c.proposer is not None}
         parts: list[tuple[list, DraftBlock]] = []
         if by_model:
+            for req in by_model:  # rows of rounds it was not told about (``FeatureBuffer.defer``)
+                req.sync_features()
             if self.lazy_update:  # absorb the pending tokens first, timed apart (``catch_up_s``)
                 for req in by_model:
                     if req.state.drafter_cache is not None and (n := self.pending(req)):

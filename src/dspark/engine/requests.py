@@ -41,14 +41,44 @@ class FeatureBuffer:
 
     ``state.features`` is a view of the filled part, so appending a round's few rows
     never copies the whole history (a ``torch.cat`` per round would, per request).
+
+    A round the drafter is not told about (a lazily updated drafter under payoff control,
+    decoding plainly) only :meth:`defer`\ s its rows: a reference to the step's feature
+    tensor, copied in by :meth:`rows` when the drafter next reads ``state.features``, or
+    once :data:`DEFER_LIMIT` rounds are pending (which bounds the step tensors kept
+    alive). No per-request tensor work in a plain round; the same rows in the end.
     """
 
     def __init__(self) -> None:
         self.buf: Tensor | None = None
         self.length = 0
+        self.pending: list[tuple[Tensor, int, int]] = []  # (step features [N, L, H], start, stop)
 
     def append(self, rows: Tensor) -> Tensor:
-        """Append ``rows [n, L, H]``; returns the filled view ``[length, L, H]``."""
+        """Append ``rows [n, L, H]`` after any deferred ones; returns the filled view ``[length, L, H]``."""
+        if self.pending:
+            self._flush()
+        self._write(rows)
+        return self.buf[: self.length]
+
+    def defer(self, features: Tensor, start: int, stop: int) -> None:
+        """Append ``features[start:stop]`` later (see the class docstring)."""
+        self.pending.append((features, start, stop))
+        if len(self.pending) >= DEFER_LIMIT:
+            self._flush()
+
+    def rows(self) -> Tensor | None:
+        """Every committed row ``[length, L, H]``, deferred ones copied in (None before any)."""
+        if self.pending:
+            self._flush()
+        return None if self.buf is None else self.buf[: self.length]
+
+    def _flush(self) -> None:
+        parts = [f[a:b] for f, a, b in self.pending]
+        self.pending = []
+        self._write(parts[0] if len(parts) == 1 else torch.cat(parts))
+
+    def _write(self, rows: Tensor) -> None:
         n = rows.shape[0]
         if self.buf is None:
             self.buf = rows.new_empty(max(64, 2 * n), *rows.shape[1:])
@@ -58,7 +88,9 @@ class FeatureBuffer:
             self.buf = grown
         self.buf[self.length : self.length + n] = rows
         self.length += n
-        return self.buf[: self.length]
+
+
+DEFER_LIMIT = 16  # deferred rounds per request before they are copied in anyway
 
 
 @dataclass(eq=False)
@@ -91,6 +123,11 @@ class Request:
     @property
     def prompt_len(self) -> int:
         return self.state.prompt_len
+
+    def sync_features(self) -> None:
+        """Bring ``state.features`` up to date with the rounds only deferred (before a drafter reads it)."""
+        if self.features.pending:
+            self.state.features = self.features.rows()
 
     @property
     def draft_budget(self) -> int:

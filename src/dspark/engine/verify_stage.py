@@ -105,9 +105,12 @@ class VerifyStage:
             start = self.kv.length(req.id)
             self.kv.set_length(req.id, start + 1 + accepted)  # anchor + accepted drafts; the rest rolls back
             new_features = None
-            if out.features is not None:
+            told = self.drafter is not None and (self.payoff is None or self.payoff.needs_update(req))
+            if out.features is not None and told:
                 new_features = out.features[offsets[i] : offsets[i] + 1 + accepted]  # [a+1, L, H]
                 req.state.features = req.features.append(new_features)
+            elif out.features is not None:  # copied in when the drafter next reads them
+                req.features.defer(out.features, offsets[i], offsets[i] + 1 + accepted)
             emitted = drafted[i][:accepted] + [next_tokens[i]]  # accepted drafts + recovered/bonus
             cut = cut_round(req.generated, emitted, eos, req.max_new, req.params.stop, self.decode)
             req.generated += cut.tokens
@@ -122,7 +125,7 @@ class VerifyStage:
                 req.on_tokens(cut.tokens)
             if cut.finish_reason is not None:
                 finished.append((req, cut))
-            elif self.drafter is not None and (self.payoff is None or self.payoff.needs_update(req)):
+            elif told:
                 update_started = time.perf_counter()
                 priced_started = self.payoff.clock() if self.payoff is not None else 0.0
                 self.drafter.update(req.state, accepted, new_features)
