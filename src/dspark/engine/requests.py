@@ -43,7 +43,7 @@ class FeatureBuffer:
     never copies the whole history (a ``torch.cat`` per round would, per request).
 
     A round the drafter is not told about (a lazily updated drafter under payoff control,
-    decoding plainly) only :meth:`defer`\ s its rows: a reference to the step's feature
+    decoding plainly) only defers its rows (:meth:`defer`): a reference to the step's feature
     tensor, copied in by :meth:`rows` when the drafter next reads ``state.features``, or
     once :data:`DEFER_LIMIT` rounds are pending (which bounds the step tensors kept
     alive). No per-request tensor work in a plain round; the same rows in the end.

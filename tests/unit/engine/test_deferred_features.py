@@ -21,7 +21,7 @@ def test_deferred_rows_equal_eager_appends():
     """Any mix of appends and deferred rounds (past the deferral limit too) gives the same rows."""
     rng = random.Random(0)
     eager, lazy = FeatureBuffer(), FeatureBuffer()
-    for step in range(5 * DEFER_LIMIT):
+    for _ in range(5 * DEFER_LIMIT):
         features = torch.randn(rng.randrange(1, 9), 3, 4)  # one step's [N, L, H]
         start = rng.randrange(features.shape[0])
         stop = rng.randrange(start + 1, features.shape[0] + 1)
