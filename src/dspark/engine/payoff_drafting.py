@@ -41,9 +41,8 @@ from dspark.scheduler.payoff import (
     PayoffController,
     RoundCosts,
     shadow_outcome,
-    shared_call_pays,
 )
-from dspark.scheduler.payoff_batch import batch_best_length, batch_rates, quiet_rows
+from dspark.scheduler.payoff_batch import batch_best_length, batch_rates, quiet_rows, shared_call_repaid
 from dspark.scheduler.step_times import DecayedLine, DraftCosts, StepTimes, fit_line
 
 POOL_MEMORY = 0.99  # per pooled observation
@@ -201,9 +200,12 @@ class PayoffDrafting:
         ctrls = [r.payoff for r in decoding]
         budget = np.array([min(K, max(r.draft_budget, 0)) for r in decoding], dtype=np.int64)  # [R]
 
+        rates: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # proposer -> (e [R], q [R])
+
         def gains_of(name: str, caps: np.ndarray, draft_s) -> tuple[np.ndarray, np.ndarray]:
-            e, q = batch_rates([c.records.get(name) for c in ctrls], config, priors.get(name))
-            return batch_best_length(e, q, caps, draft_s, costs, config.margin)
+            if name not in rates:
+                rates[name] = batch_rates([c.records.get(name) for c in ctrls], config, priors.get(name))
+            return batch_best_length(*rates[name], caps, draft_s, costs, config.margin)
 
         lookups: dict[int, list[int]] = {}
         gains: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # proposer -> (G [R], ℓ [R])
@@ -230,10 +232,8 @@ class PayoffDrafting:
         call_s = self.model_call_s(R) if tried else 0.0
         blocked = ()
         if call_s > 0 and MODEL in gains:  # the model's call is shared: does the batch repay it?
-            top = np.maximum.reduce([g for g, _ in gains.values()])  # [R]
-            g = gains[MODEL][0]
-            wants = np.isfinite(g) & (g >= top)
-            blocked = () if shared_call_pays(g[wants].tolist(), call_s, costs.tokens_per_s) else (MODEL,)
+            g = {name: g for name, (g, _) in gains.items()}
+            blocked = () if shared_call_repaid(g, MODEL, call_s, costs.tokens_per_s) else (MODEL,)
         skipped = np.array([c.skipped for c in ctrls], dtype=np.int64)
         interval = np.array([c.interval or c.config.probe_every for c in ctrls], dtype=np.int64)
         quiet = quiet_rows(

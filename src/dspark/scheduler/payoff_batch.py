@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dspark.scheduler.payoff import AcceptanceRecord, PayoffConfig, RoundCosts
+from dspark.scheduler.payoff import AcceptanceRecord, PayoffConfig, RoundCosts, shared_call_pays
 
 _EMPTY = AcceptanceRecord()
 
@@ -97,3 +97,11 @@ def quiet_rows(
         if name in gains:
             can_probe |= np.isfinite(gains[name])
     return ~pays & ~(can_probe & (skipped + 1 >= interval))
+
+
+def shared_call_repaid(gains: dict[str, np.ndarray], name: str, call_s: float, tokens_per_s: float) -> bool:
+    """:func:`~dspark.scheduler.payoff.shared_call_pays` over the rows that would draft with
+    ``name`` (it can propose and no other proposer gains more for the row)."""
+    top = np.maximum.reduce(list(gains.values()))  # [R]
+    g = gains[name]
+    return shared_call_pays(g[np.isfinite(g) & (g >= top)].tolist(), call_s, tokens_per_s)
