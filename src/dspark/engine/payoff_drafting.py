@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import torch
 
-from dspark.drafters.ngram import NgramConfig, NgramDrafter, lookup
+from dspark.drafters.ngram import NgramConfig, NgramDrafter
 from dspark.protocols import DraftBlock, Drafter
 from dspark.scheduler import SpsTable
 from dspark.scheduler.payoff import (
@@ -214,11 +214,11 @@ class PayoffDrafting:
             # While even a full block would not pay, look up only to refresh the shadow
             # evidence, every SHADOW_EVERY tokens: a lookup per request per step is not free.
             hopeless = gains_of(NGRAM, budget, costs.draft_s.get(NGRAM, 0.0))[0] <= 0  # [R]
-            c, started = self.ngram.config, self.clock()
+            lo, hi, started = self.ngram.config.min_n, self.ngram.config.max_n, self.clock()
             for req, n, lost in zip(decoding, budget.tolist(), hopeless.tolist()):
                 due = req.shadow is None and len(req.generated) % SHADOW_EVERY == 0
                 skip = n == 0 or (lost and not due)
-                lookups[req.id] = [] if skip else lookup(np.asarray(req.state.token_ids), n, c.min_n, c.max_n)
+                lookups[req.id] = [] if skip else req.positions.lookup(req.state.token_ids, n, lo, hi)
             self._measured(NGRAM, self.clock() - started, R)
             caps[NGRAM] = np.array([len(lookups[r.id]) for r in decoding], dtype=np.int64)
             gains[NGRAM] = gains_of(NGRAM, caps[NGRAM], costs.draft_s.get(NGRAM, 0.0))

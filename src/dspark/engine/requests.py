@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from dspark.drafters.ngram import TokenPositions
 from dspark.errors import DsparkError
 from dspark.protocols import GenerationResult, RoundLog, SamplingParams, SequenceState
 from dspark.scheduler import FirstAcceptPredictor
@@ -113,6 +114,7 @@ class Request:
     # shadow proposal (generated count when made, tokens), and this round's proposer
     payoff: PayoffController | None = None
     shadow: tuple[int, list[int]] | None = None
+    positions: TokenPositions = field(default_factory=TokenPositions)  # its n-gram lookup's index
     proposer: str | None = None
     finish_reason: str | None = None
     text: str | None = None

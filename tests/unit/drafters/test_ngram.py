@@ -56,3 +56,26 @@ def test_lookup_agrees_with_the_definition_on_random_sequences():
         min_n, max_n = int(rng.integers(1, 3)), int(rng.integers(1, 6))
         max_len = int(rng.integers(1, 8))
         assert lookup(np.array(seq), max_len, min_n, max_n) == _brute_force_lookup(seq, max_len, min_n, max_n)
+
+
+def test_indexed_lookup_equals_the_lookup_as_the_sequence_grows():
+    """``TokenPositions.lookup`` (the payoff controller's) gives ``lookup``'s answer at every
+    length of growing sequences, for every n-gram range, and after a sequence shrinks."""
+    import random
+
+    import numpy as np
+
+    from dspark.drafters.ngram import TokenPositions
+
+    rng = random.Random(0)
+    for trial in range(60):
+        vocab = rng.choice([2, 5, 30])
+        min_n, max_n = rng.choice([(1, 4), (2, 3), (1, 1), (3, 5), (0, 2)])
+        index, tokens = TokenPositions(), []
+        for _ in range(80):
+            tokens += [rng.randrange(vocab) for _ in range(rng.randrange(1, 4))]
+            if rng.random() < 0.05:
+                tokens = tokens[: rng.randrange(1, len(tokens) + 1)]  # shrunk: indexed afresh
+            max_len = rng.randrange(0, 8)
+            want = lookup(np.asarray(tokens), max_len, min_n, max_n)
+            assert index.lookup(tokens, max_len, min_n, max_n) == want, (trial, tokens, min_n, max_n)
