@@ -42,7 +42,7 @@ from dspark.scheduler.payoff import (
     RoundCosts,
     shadow_outcome,
 )
-from dspark.scheduler.payoff_batch import batch_best_length, batch_rates, quiet_rows, shared_call_repaid
+from dspark.scheduler.payoff_batch import batch_net, batch_rates, best_of, quiet_rows, shared_call_repaid
 from dspark.scheduler.step_times import DecayedLine, DraftCosts, StepTimes, fit_line
 
 POOL_MEMORY = 0.99  # per pooled observation
@@ -200,12 +200,13 @@ class PayoffDrafting:
         ctrls = [r.payoff for r in decoding]
         budget = np.array([min(K, max(r.draft_budget, 0)) for r in decoding], dtype=np.int64)  # [R]
 
-        rates: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # proposer -> (e [R], q [R])
+        nets: dict[str, np.ndarray] = {}  # proposer -> net gains [R, K] (``batch_net``)
 
         def gains_of(name: str, caps: np.ndarray, draft_s) -> tuple[np.ndarray, np.ndarray]:
-            if name not in rates:
-                rates[name] = batch_rates([c.records.get(name) for c in ctrls], config, priors.get(name))
-            return batch_best_length(*rates[name], caps, draft_s, costs, config.margin)
+            if name not in nets:
+                e, q = batch_rates([c.records.get(name) for c in ctrls], config, priors.get(name))
+                nets[name] = batch_net(e, q, costs, config.margin)
+            return best_of(nets[name], caps, draft_s, costs.tokens_per_s)
 
         lookups: dict[int, list[int]] = {}
         gains: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # proposer -> (G [R], ℓ [R])

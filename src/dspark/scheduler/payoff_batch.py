@@ -47,6 +47,34 @@ def batch_rates(
     return (fa + s * e0) / (ft + s), (la + s * q0) / (lt + s)
 
 
+def batch_net(e: np.ndarray, q: np.ndarray, costs: RoundCosts, margin: float = 1.0) -> np.ndarray:
+    """``[R, K]``: net gain in tokens of verifying ``ℓ = k + 1`` drafts, before drafting costs."""
+    k = np.arange(len(costs.verify_s) - 1)  # [K]
+    # Σ_{j≤k} e q^j / margin, summed left to right like the scalar loop
+    accepted = np.cumsum(e[:, None] * q[:, None] ** k / margin, axis=1)  # [R, K]
+    return accepted - costs.tokens_per_s * np.asarray(costs.verify_s[1:], dtype=np.float64)
+
+
+def best_of(
+    net: np.ndarray, caps: np.ndarray, draft_s: np.ndarray | float, tokens_per_s: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(G [R], ℓ [R])``: the best of :func:`batch_net`'s row up to ``cap``, less ``ρ·d``;
+    ``(-inf, 0)`` where ``cap < 1``."""
+    R, K = net.shape
+    caps = np.minimum(np.asarray(caps, dtype=np.int64), K)  # [R]
+    gain = np.full(R, -np.inf)
+    ell = np.zeros(R, dtype=np.int64)
+    live = caps >= 1
+    if K < 1 or not live.any():
+        return gain, ell
+    net = np.where(np.arange(K)[None, :] < caps[:, None], net, -np.inf)  # [R, K]
+    best = net.argmax(axis=1)  # [R] first maximum, as the scalar loop's strict ">"
+    draft_s = np.broadcast_to(np.asarray(draft_s, dtype=np.float64), (R,))  # [R]
+    top = net[np.arange(R), best] - tokens_per_s * draft_s
+    gain[live], ell[live] = top[live], best[live] + 1
+    return gain, ell
+
+
 def batch_best_length(
     e: np.ndarray,
     q: np.ndarray,
@@ -57,23 +85,7 @@ def batch_best_length(
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(G [R], ℓ [R])`` of :func:`~dspark.scheduler.payoff.best_length` per row; ``(-inf, 0)``
     where ``cap < 1``."""
-    R, K = e.shape[0], len(costs.verify_s) - 1
-    gain = np.full(R, -np.inf)
-    ell = np.zeros(R, dtype=np.int64)
-    caps = np.minimum(np.asarray(caps, dtype=np.int64), K)  # [R]
-    live = caps >= 1
-    if K < 1 or not live.any():
-        return gain, ell
-    k = np.arange(K)  # [K]
-    # Σ_{j≤k} e q^j / margin, summed left to right like the scalar loop
-    accepted = np.cumsum(e[:, None] * q[:, None] ** k / margin, axis=1)  # [R, K]
-    rho = costs.tokens_per_s
-    net = accepted - rho * np.asarray(costs.verify_s[1:], dtype=np.float64)  # [R, K]: ℓ = k + 1
-    net[k[None, :] >= caps[:, None]] = -np.inf
-    best = net.argmax(axis=1)  # [R] first maximum, as the scalar loop's strict ">"
-    top = net[np.arange(R), best] - rho * np.broadcast_to(np.asarray(draft_s, dtype=np.float64), (R,))
-    gain[live], ell[live] = top[live], best[live] + 1
-    return gain, ell
+    return best_of(batch_net(e, q, costs, margin), caps, draft_s, costs.tokens_per_s)
 
 
 def quiet_rows(
