@@ -127,8 +127,9 @@ class Request:
         return self.state.prompt_len
 
     def sync_features(self) -> None:
-        """Bring ``state.features`` up to date with the rounds only deferred (before a drafter reads it)."""
-        if self.features.pending:
+        """Point ``state.features`` at every committed row (before a drafter reads it): deferred
+        rounds, and rows a full deferral queue already copied in (possibly into a grown buffer)."""
+        if self.features.buf is not None:
             self.state.features = self.features.rows()
 
     @property

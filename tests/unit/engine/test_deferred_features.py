@@ -54,7 +54,7 @@ def test_a_lazy_drafter_reads_the_features_one_target_forward_gives(target, sps,
     costs = (("model", 3.0), ("ngram", 100.0))  # neither pays: plain rounds, model probes only
     config = EngineConfig(policy="fixed", max_batch=4, block_size=4, payoff=True, draft_costs=costs)
     engine = Engine(target, drafter, config, sps=sps)
-    ids = [engine.submit(p, SamplingParams(temperature=0.0, max_tokens=40)) for p in make_prompts(4, seed=5)]
+    ids = [engine.submit(p, SamplingParams(temperature=0.0, max_tokens=120)) for p in make_prompts(4, seed=5)]
     while engine.has_work():
         engine.step()
     assert engine.stats.model_rounds > 0 and engine.stats.cost_unprofitable > 3 * engine.stats.model_rounds
@@ -65,3 +65,28 @@ def test_a_lazy_drafter_reads_the_features_one_target_forward_gives(target, sps,
         context = torch.tensor([tokens[:-1]])
         out = target.forward(context, target.new_cache(), layer_ids=drafter.target_layer_ids)
         torch.testing.assert_close(features, out.features[0], rtol=1e-4, atol=1e-4)
+
+
+def test_state_features_are_current_after_a_full_deferral_queue_was_copied_in():
+    """A request that decoded plainly for exactly ``DEFER_LIMIT`` rounds (its queue copied in,
+    maybe into a grown buffer, none pending) still gets every row before the drafter reads."""
+    from dspark.engine.requests import Request
+    from dspark.protocols import SequenceState
+    from dspark.scheduler import FirstAcceptPredictor
+
+    req = Request(
+        id=0,
+        params=SamplingParams(temperature=0.0, max_tokens=8),
+        state=SequenceState(0, [1, 2, 3], 3),
+        max_new=8,
+        generator=None,
+        on_tokens=None,
+        predictor=FirstAcceptPredictor(estimate=0.5),
+    )
+    rows = torch.randn(60 + DEFER_LIMIT, 2, 3)
+    req.state.features = req.features.append(rows[:60])  # a prefill, then a told round
+    for i in range(DEFER_LIMIT):
+        req.features.defer(rows, 60 + i, 61 + i)
+    assert not req.features.pending  # copied in by the queue limit, into a grown buffer
+    req.sync_features()
+    torch.testing.assert_close(req.state.features, rows, rtol=0, atol=0)
