@@ -1,0 +1,126 @@
+"""Floor profile of issue 17: plain decoding vs a drafter attached whose rounds all decode plainly.
+
+Thread CPU time of each engine part, the two variants alternating in one process (tiny
+target, fp32, one thread). Mode ``override`` (default): the payoff controller decides, its
+choices are then overridden to plain decoding (no probes); ``unprofitable``: fixed drafting
+costs no round repays, so the controller itself decodes plainly and only probes.
+
+    python scripts/bench_floor.py DRAFTER PROMPTS.jsonl[,...] 16,64 [REPEATS] [MODE]
+
+Instrumentation by wrapping internals: a benchmark aid, not an API.
+"""
+
+# ruff: noqa: E501 (report lines)
+import itertools
+import sys
+import time
+
+import torch
+
+import dspark.engine.draft_stage as DS
+import dspark.engine.engine as E
+import dspark.engine.payoff_drafting as PD
+import dspark.engine.verify_stage as VS
+from dspark.commands.loading import load_inference_target
+from dspark.data.chat import prompt_ids
+from dspark.data.prompts import load_prompts
+from dspark.drafters.registry import build_drafter
+from dspark.engine import Engine, EngineConfig
+from dspark.protocols import SamplingParams
+from dspark.scheduler.payoff import Choice
+
+torch.set_num_threads(1)
+clk = time.thread_time
+acc = {}
+
+
+def timed(name, fn):
+    def w(*a, **k):
+        t = clk()
+        r = fn(*a, **k)
+        acc[name] = acc.get(name, 0.0) + clk() - t
+        return r
+
+    return w
+
+
+NEVER = [False]
+orig_plan = PD.PayoffDrafting.plan
+
+
+def plan(self, decoding, K):
+    t = clk()
+    choices, lookups = orig_plan(self, decoding, K)
+    acc["plan"] = acc.get("plan", 0.0) + clk() - t
+    if NEVER[0]:
+        choices = [Choice(None) for _ in choices]
+        for r in decoding:
+            r.shadow = r.shadow  # shadows stay as the controller set them
+    return choices, lookups
+
+
+PD.PayoffDrafting.plan = plan
+E.flat_forward = timed("forward", E.flat_forward)
+VS.VerifyStage.verify_and_commit = timed("verify+commit", VS.VerifyStage.verify_and_commit)
+DS.DraftStage.draft = timed("draft stage", DS.DraftStage.draft)
+DS.DraftStage.schedule = timed("schedule", DS.DraftStage.schedule)
+E.Engine.step = timed("step", E.Engine.step)
+
+target = load_inference_target(None, "float32")
+drafter_name = sys.argv[1] if len(sys.argv) > 1 else "dspark"
+drafter = build_drafter(drafter_name, target)
+drafter.update = timed("drafter update", drafter.update)
+sets = {s: load_prompts(s, 4) for s in sys.argv[2].split(",")}
+conc = [int(c) for c in sys.argv[3].split(",")]
+repeats = int(sys.argv[4]) if len(sys.argv) > 4 else 3
+MODE = sys.argv[5] if len(sys.argv) > 5 else "override"  # or "unprofitable": fixed prices nothing repays
+params = SamplingParams(temperature=0.0, max_tokens=64)
+for (name, prompts), c in itertools.product(sets.items(), conc):
+    ids = [prompt_ids(target.tokenizer, p) for p in prompts]
+    reqs = list(itertools.islice(itertools.cycle(ids), max(c, 4)))
+    seq = max(512, max(map(len, reqs)) + 65)
+    tot = {}
+    for _ in range(repeats):
+        for variant in ("plain", "never"):
+            costs = (
+                (("model", 10.0), ("ngram", 10.0)) if MODE == "unprofitable" and variant != "plain" else None
+            )
+            cfg = EngineConfig(
+                block_size=7,
+                policy="fixed",
+                max_batch=c,
+                max_seq_len=seq,
+                payoff=variant != "plain",
+                draft_costs=costs,
+            )
+            eng = Engine(target, drafter if variant != "plain" else None, cfg)
+            NEVER[0] = variant == "never" and MODE == "override"
+            eng.generate(reqs[:1], SamplingParams(temperature=0.0, max_tokens=4))
+            acc.clear()
+            t = clk()
+            res = eng.generate(reqs, params)
+            acc["total"] = clk() - t
+            acc["tokens"] = sum(len(r.token_ids) for r in res)
+            acc["steps"] = eng.stats.steps
+            d = tot.setdefault(variant, {})
+            for k, v in acc.items():
+                d[k] = d.get(k, 0.0) + v
+    p, n = tot["plain"], tot["never"]
+    print(
+        f"   plan per step: {1e3 * n['plan'] / n['steps']:.3f} ms; draft stage less plan {1e3 * (n['draft stage'] - n['plan']) / n['steps']:.3f} ms; verify+commit never-plain {1e3 * (n['verify+commit'] - p['verify+commit']) / n['steps']:.3f} ms/step"
+    )
+    print(
+        f"== {name[-12:]} c={c} {MODE} {drafter_name}: never/plain speed {p['total'] / p['tokens'] / (n['total'] / n['tokens']):.3f}x "
+        f"(plain {p['total']:.2f}s never {n['total']:.2f}s)"
+    )
+    po, no = p["step"] - p["forward"], n["step"] - n["forward"]
+    print(
+        f"   outside the forward: plain {po:.3f}s never {no:.3f}s -> floor {100 * (no - po) / p['total']:+.2f}% of plain "
+        f"(plain {1e3 * po / p['steps']:.2f} ms/step, never {1e3 * no / n['steps']:.2f} ms/step over {p['steps']:.0f} steps)"
+    )
+    for k in sorted(set(p) | set(n)):
+        if k in ("tokens", "steps"):
+            continue
+        print(
+            f"   {k:<16} plain {p.get(k, 0):7.3f}s  never {n.get(k, 0):7.3f}s  diff {100 * (n.get(k, 0) - p.get(k, 0)) / p['total']:+6.2f}% of plain"
+        )
