@@ -13,8 +13,12 @@ prompt and repeat so that drift of the shared machine weighs on all alike:
 - ``dspark-bf16+ngram`` (and ``+LABEL`` for ``--drafter``): the engine as ``dspark generate``
   runs it, payoff control on, γ = ``--block-size``, in ``--spec-dtype``.
 
-Timings include the prefill, as for every method. dspark does not depend on llama-cpp-python;
-this script needs a python that has both, e.g. a venv that sees the system's packages::
+Every method is timed from the prompt ids to the last token (prefill included) and until its
+first emission, so decoding speed without the prefill is reported too (llama.cpp's Q4_1
+prompt processing on one thread costs about as much per token as its decoding). dspark does
+not depend on llama-cpp-python;
+this script needs a python that has both, e.g. a venv that sees the system's packages (the
+pure part, tested without llama.cpp, is ``dspark/eval/beside_llamacpp.py``)::
 
     python -m venv --system-site-packages /work/venvs/llamacpp
     CMAKE_BUILD_PARALLEL_LEVEL=1 /work/venvs/llamacpp/bin/pip install llama-cpp-python==0.3.36
@@ -22,10 +26,12 @@ this script needs a python that has both, e.g. a venv that sees the system's pac
     PYTHONPATH=src OMP_NUM_THREADS=1 /work/venvs/llamacpp/bin/python scripts/bench_llamacpp.py \\
         --bench $B/gsm8k.jsonl,$B/humaneval.jsonl,$B/mt-bench.jsonl --limit 4 --max-tokens 64 --repeats 2
 
-Prints a markdown table (tokens/s, ratio to llama.cpp plain, τ, agreement with llama.cpp's and
-with our fp32 greedy tokens: identical prompts and tokens before the first divergence), the
-verify-k / decode-1 cost of the bf16 target, the τ a drafter would need to beat llama.cpp's
-plain decoding, and the run conditions; ``--json PATH`` writes all of it.
+Prints a markdown table (tokens/s with and without the prefill and their ratios to llama.cpp
+plain, the time to the first emission, τ, and agreement of the greedy tokens with llama.cpp's,
+with the method's own plain decoding and with our fp32 ones: identical prompts and tokens before
+the first divergence), the verify-k / decode-1 cost of the bf16 target, the τ a drafter would
+need for our bf16 decoding to match llama.cpp's, and the run conditions; ``--json PATH`` writes
+all of it.
 """
 
 from __future__ import annotations
@@ -35,141 +41,28 @@ import json
 import logging
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
+
+from dspark.eval.beside_llamacpp import (
+    DRAFT_COSTS,
+    LLAMA,
+    LLAMA_LOOKUP,
+    OURS_BF16,
+    OURS_FP32,
+    Decoded,
+    Tally,
+    markdown_table,
+    prepare_prompts,
+    rotated,
+    table_rows,
+    tau_needed,
+)
 
 logger = logging.getLogger("bench_llamacpp")
 
-LLAMA = "llama.cpp"
-LLAMA_LOOKUP = "llama.cpp+lookup"
-OURS_FP32 = "dspark-fp32"
-OURS_BF16 = "dspark-bf16"
-
-
-@dataclass
-class Tally:
-    """One method's totals over every timed run."""
-
-    tokens: int = 0
-    seconds: float = 0.0
-    rounds: int = 0
-    accepted: int = 0
-    outputs: dict[tuple[str, int], list[int]] = field(default_factory=dict)  # (set, prompt) -> ids
-
-    def add(self, key: tuple[str, int], ids: list[int], seconds: float, rounds: int = 0, accepted: int = 0):
-        self.tokens += len(ids)
-        self.seconds += seconds
-        self.rounds += rounds
-        self.accepted += accepted
-        self.outputs[key] = ids  # greedy: every repeat decodes the same ids
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
-
-    @property
-    def tau(self) -> float:
-        """Tokens per verification round, bonus included (SPEC §2); 0 without rounds."""
-        return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
-
-
-def rotated(methods: list[str], turn: int) -> list[str]:
-    """``methods`` started at ``turn`` (mod their count): each method leads in turn."""
-    s = turn % len(methods)
-    return methods[s:] + methods[:s]
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """How many leading tokens ``a`` and ``b`` share (the first divergence's index)."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def agreement(outputs: dict, reference: dict) -> dict:
-    """Over the prompts both decoded: identical ones, and matching tokens before the first
-    divergence (summed, and the fewest on one prompt), out of the reference's tokens."""
-    keys = sorted(set(outputs) & set(reference))
-    prefixes = [common_prefix(outputs[k], reference[k]) for k in keys]
-    return {
-        "prompts": len(keys),
-        "identical": sum(outputs[k] == reference[k] for k in keys),
-        "prefix_tokens": sum(prefixes),
-        "reference_tokens": sum(len(reference[k]) for k in keys),
-        "min_prefix": min(prefixes, default=0),
-    }
-
-
-def tau_needed(speed_ratio: float, verify_ratio: float, draft_ratio: float = 0.0) -> float:
-    """Tokens per round a drafter needs for speculative decoding to reach ``speed_ratio`` × our
-    plain speed, when a round costs a verification (``verify_ratio`` decode steps) plus drafting
-    (``draft_ratio`` decode steps): the speedup is τ / (verify_ratio + draft_ratio) (SPEC §2)."""
-    return speed_ratio * (verify_ratio + draft_ratio)
-
-
-def table_rows(tallies: dict[str, Tally], baseline: str = LLAMA, exact: str = OURS_FP32) -> list[dict]:
-    """One row per method: speed, ratio to ``baseline``, τ, agreement with ``baseline`` and ``exact``."""
-    base = tallies[baseline]
-    rows = []
-    for name, t in tallies.items():
-        row = {
-            "method": name,
-            "tokens": t.tokens,
-            "seconds": round(t.seconds, 3),
-            "tokens_per_s": round(t.tokens_per_s, 2),
-            "ratio": round(t.tokens_per_s / base.tokens_per_s, 3) if base.tokens_per_s else 0.0,
-            "tau": round(t.tau, 3),
-            "vs_" + baseline: agreement(t.outputs, base.outputs),
-        }
-        if exact in tallies:
-            row["vs_" + exact] = agreement(t.outputs, tallies[exact].outputs)
-        rows.append(row)
-    return rows
-
-
-def _agree_cell(a: dict) -> str:
-    same = f"{a['identical']}/{a['prompts']}"
-    return f"{same}, {a['prefix_tokens']}/{a['reference_tokens']} (min {a['min_prefix']})"
-
-
-def markdown_table(rows: list[dict], baseline: str = LLAMA, exact: str = OURS_FP32) -> str:
-    """The rows as the BENCHMARKS.md table; agreement cells read ``identical/prompts, matching
-    tokens before the first divergence / tokens (fewest on one prompt)``."""
-    lines = [
-        f"| method | tok/s | × {baseline} | τ | same as {baseline} | same as {exact} |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        exact_cell = _agree_cell(r["vs_" + exact]) if "vs_" + exact in r else "–"
-        tau = f"{r['tau']:.2f}" if r["tau"] else "–"
-        lines.append(
-            f"| {r['method']} | {r['tokens_per_s']:.1f} | {r['ratio']:.3f} | {tau} | "
-            f"{_agree_cell(r['vs_' + baseline])} | {exact_cell} |"
-        )
-    return "\n".join(lines)
-
-
-def prepare_prompts(tokenizer, prompt_sets: dict[str, list], max_tokens: int, context: int) -> list:
-    """``[(set, index, ids)]``: each prompt's first turn through the chat template, the same ids
-    for every method; prompts whose ids plus ``max_tokens`` exceed ``context`` are left out."""
-    from dspark.data.chat import prompt_ids
-
-    out = []
-    for name, prompts in prompt_sets.items():
-        for i, prompt in enumerate(prompts):
-            ids = prompt_ids(tokenizer, prompt)
-            if len(ids) + max_tokens <= context:
-                out.append((name, i, ids))
-            else:
-                logger.warning("%s #%d: %d prompt tokens do not fit; left out", name, i, len(ids))
-    return out
-
 
 def llama_decoder(model_path: Path, *, context: int, lookup: tuple[int, int] | None, eos: set[int]):
-    """A ``decode(ids, max_tokens) -> (ids, rounds, accepted)`` over llama.cpp, one thread, greedy;
+    """A ``decode(ids, max_tokens) -> Decoded`` over llama.cpp, one thread, greedy;
     ``lookup = (max_ngram, num_pred_tokens)`` adds its prompt-lookup draft model."""
     from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
@@ -180,14 +73,17 @@ def llama_decoder(model_path: Path, *, context: int, lookup: tuple[int, int] | N
         draft_model=draft, verbose=False, seed=0,
     )  # fmt: skip
 
-    def decode(ids: list[int], max_tokens: int):
+    def decode(ids: list[int], max_tokens: int) -> Decoded:
+        started = time.perf_counter()
         llm.reset()  # no KV reuse between runs: every method prefills the whole prompt
         out: list[int] = []
+        first_s = 0.0
         for token in llm.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0):
+            first_s = first_s or time.perf_counter() - started
             out.append(int(token))
             if token in eos or len(out) >= max_tokens:
                 break
-        return out, 0, 0
+        return Decoded(ids=out, seconds=time.perf_counter() - started, first_s=first_s, first_tokens=1)
 
     decode.llm = llm
     return decode
@@ -200,9 +96,30 @@ def engine_decoder(target, drafter, block_size: int):
 
     engine = batch1_engine(target, drafter, "fixed", block_size=block_size)
 
-    def decode(ids: list[int], max_tokens: int):
-        result = engine.generate([ids], SamplingParams(temperature=0.0, max_tokens=max_tokens))[0]
-        return list(result.token_ids), len(result.rounds), sum(r.accepted for r in result.rounds)
+    def decode(ids: list[int], max_tokens: int) -> Decoded:
+        started = time.perf_counter()
+        first: list[float | int] = []  # [seconds, tokens] of the first emission
+
+        def on_tokens(new: list[int]) -> None:
+            if not first and new:
+                first.extend((time.perf_counter() - started, len(new)))
+
+        request = engine.submit(
+            ids, SamplingParams(temperature=0.0, max_tokens=max_tokens), on_tokens=on_tokens
+        )
+        while engine.has_work():
+            engine.step()
+        result = engine.pop_result(request)
+        if result.finish_reason == "error":
+            raise RuntimeError(f"dspark failed on a prompt: {result.error}")
+        return Decoded(
+            ids=list(result.token_ids),
+            seconds=time.perf_counter() - started,
+            first_s=first[0] if first else 0.0,
+            first_tokens=int(first[1]) if first else 0,
+            rounds=len(result.rounds),
+            accepted=sum(r.accepted for r in result.rounds),
+        )
 
     return decode
 
@@ -299,15 +216,14 @@ def run(args) -> dict:
     runs = [(r, p) for r in range(args.repeats) for p in prompts]
     for turn, (_, (bench, i, ids)) in enumerate(tqdm(runs, desc="llama.cpp vs dspark", unit="prompt")):
         for name in rotated(names, turn):
-            started = time.perf_counter()
-            out, rounds, accepted = methods[name](ids, args.max_tokens)
-            tallies[name].add((bench, i), out, time.perf_counter() - started, rounds, accepted)
+            tallies[name].add((bench, i), methods[name](ids, args.max_tokens))
     verify = {k: round(verify_cost_ratio(targets["bfloat16"], k=k, repeats=10), 3) for k in args.verify_k}
     conditions = conditions.ended()
     rows = table_rows(tallies)
-    bf16_vs_llama = tallies[LLAMA].tokens_per_s / tallies[OURS_BF16].tokens_per_s
+    # What a drafter must reach on the bf16 target: decoding speed (prefill aside) as llama.cpp's.
+    bf16_vs_llama = tallies[LLAMA].decode_tokens_per_s / tallies[OURS_BF16].decode_tokens_per_s
     needed = {
-        k: {d: round(tau_needed(bf16_vs_llama, ratio, d), 2) for d in (0.0, 0.25, 0.5)}
+        k: {d: round(tau_needed(bf16_vs_llama, ratio, d), 2) for d in DRAFT_COSTS}
         for k, ratio in verify.items()
     }
     return {
@@ -319,7 +235,7 @@ def run(args) -> dict:
         "lookup": {"max_ngram_size": args.lookup[0], "num_pred_tokens": args.lookup[1]},
         "rows": rows,
         "verify_k_over_decode1_bf16": verify,
-        "llama_over_dspark_bf16": round(bf16_vs_llama, 3),
+        "llama_over_dspark_bf16_decoding": round(bf16_vs_llama, 3),
         "tau_needed_to_match_llama": needed,
         "conditions": conditions.as_dict(),
         "conditions_line": conditions.describe(),
@@ -331,8 +247,9 @@ def report(result: dict) -> str:
     for k, ratio in result["verify_k_over_decode1_bf16"].items():
         tau = result["tau_needed_to_match_llama"][k]
         lines.append(
-            f"bf16 verify {k} / decode 1: {ratio:.2f}x; τ to match llama.cpp plain "
-            f"(drafting free / 0.25 / 0.5 decode steps): {tau[0.0]:.2f} / {tau[0.25]:.2f} / {tau[0.5]:.2f}"
+            f"bf16 verify {k} / decode 1: {ratio:.2f}x; τ to decode as fast as llama.cpp plain "
+            f"(drafting costs {' / '.join(map(str, DRAFT_COSTS))} decode steps): "
+            + " / ".join(f"{tau[d]:.2f}" for d in DRAFT_COSTS)
         )
     lines.append(f"run conditions: {result['conditions_line']}")
     return "\n".join(lines)
