@@ -15,8 +15,8 @@ prompt and repeat so that drift of the shared machine weighs on all alike:
 
 Every method is timed from the prompt ids to the last token (prefill included) and until its
 first emission, so decoding speed without the prefill is reported too (llama.cpp's Q4_1
-prompt processing on one thread costs about as much per token as its decoding). dspark does
-not depend on llama-cpp-python;
+prompt processing on one thread costs about half its decoding per token, ours far less). dspark
+does not depend on llama-cpp-python;
 this script needs a python that has both, e.g. a venv that sees the system's packages (the
 pure part, tested without llama.cpp, is ``dspark/eval/beside_llamacpp.py``)::
 
