@@ -103,6 +103,16 @@ def file_contents(
     return to_file_state(state, target.vocab_size), config
 
 
+def cast_floating(state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """``state`` with its floating-point tensors cast to ``dtype`` (None: unchanged); integer and
+    bool tables (a reduced vocabulary's ``d2t`` / ``t2d``) keep their dtype: ids above 256 are
+    not exact in bf16."""
+    return {
+        k: v.detach().to(dtype) if dtype is not None and v.is_floating_point() else v.detach()
+        for k, v in state.items()
+    }
+
+
 def save_drafter(
     folder: str | Path, drafter: nn.Module, target: TargetAdapter, *, dtype=None, keep_shared: bool = False
 ) -> Path:
@@ -112,7 +122,7 @@ def save_drafter(
     state, config = file_contents(
         drafter.state_dict(), drafter_config_json(drafter, target), target, keep_shared=keep_shared
     )
-    state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in state.items()}
+    state = {k: v.contiguous().cpu() for k, v in cast_floating(state, dtype).items()}
     if dtype is not None:
         config["torch_dtype"] = str(dtype).removeprefix("torch.")
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
@@ -368,7 +378,7 @@ def convert_folder(src: str | Path, dst: str | Path, dtype: torch.dtype) -> Path
     """Copy a drafter folder with its weights cast to ``dtype`` (e.g. bf16 to ship)."""
     src, dst = Path(src), Path(dst)
     raw = _read_config(src)
-    state = {k: v.to(dtype).contiguous() for k, v in load_file(str(src / WEIGHTS_NAME)).items()}
+    state = {k: v.contiguous() for k, v in cast_floating(load_file(str(src / WEIGHTS_NAME)), dtype).items()}
     raw["torch_dtype"] = str(dtype).removeprefix("torch.")
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))

@@ -212,3 +212,21 @@ def test_runs_started_before_the_field_resume(name):
     assert config_differences(saved, current, defaults) == []
     reduced = {"drafter": as_json(dataclasses.replace(config, draft_vocab_size=N))}
     assert config_differences(saved, reduced, defaults) == [f"drafter.draft_vocab_size: (absent) -> {N}"]
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_a_bf16_folder_keeps_the_tables_exact(target, tmp_path, name):
+    """Shipping casts weights to bf16, never the d2t / t2d tables (ids above 256 are not exact
+    in bf16: a cast SmolLM2 folder was refused on load)."""
+    from safetensors.torch import load_file
+
+    from dspark.drafters.folder import WEIGHTS_NAME, convert_folder, load_drafter, save_drafter
+
+    drafter = build_reduced(name, target)
+    folder = save_drafter(tmp_path / "bf16", drafter, target, dtype=torch.bfloat16)
+    copy = convert_folder(save_drafter(tmp_path / "fp32", drafter, target), tmp_path / "copy", torch.bfloat16)
+    for path in (folder, copy):
+        state = load_file(str(path / WEIGHTS_NAME))
+        assert state["d2t"].dtype == torch.int64 and state["t2d"].dtype == torch.bool
+        assert {v.dtype for k, v in state.items() if k not in ("d2t", "t2d")} == {torch.bfloat16}
+        assert torch.equal(load_drafter(path, target).state_dict()["draft_ids"], draft_ids())
