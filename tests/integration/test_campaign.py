@@ -55,7 +55,7 @@ def test_status_and_learning_curves(run, capsys):
     )
     assert main(["campaign", "--out", str(run), "--status"]) == 0
     status = json.loads(capsys.readouterr().out)
-    assert set(STAGES) <= set(status["stages_done"])
+    assert set(STAGES) <= set(status["stages_done"]) and status["in_progress"] == {}
     for method in METHODS:
         assert status["training"][method]["step"] == 2 and status["training"][method]["finished"]
         assert status["training"][method]["latest_checkpoint"]

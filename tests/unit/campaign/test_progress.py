@@ -1,0 +1,24 @@
+"""`dspark campaign --status` read from a campaign folder alone."""
+
+from __future__ import annotations
+
+import json
+
+from dspark.campaign.progress import status
+
+
+def test_status_names_the_stages_started_and_not_finished(tmp_path):
+    stages, data = tmp_path / "stages", tmp_path / "data"
+    stages.mkdir()
+    data.mkdir()
+    (stages / "regenerate.started.json").write_text(json.dumps({"prompts": 3000}))
+    (data / "answers.jsonl").write_text('{"id": "a"}\n{"id": "b"}\n')
+    report = status(tmp_path)
+    assert report["stages_done"] == []
+    assert report["in_progress"] == {"regenerate": {"answers": 2, "prompts": 3000}}
+
+    (stages / "regenerate.json").write_text("{}")  # finished: no longer in progress
+    (stages / "train-dspark.started.json").write_text("{}")
+    report = status(tmp_path)
+    assert report["stages_done"] == ["regenerate"]
+    assert report["in_progress"] == {"train-dspark": {}}
