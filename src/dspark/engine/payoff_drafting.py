@@ -147,11 +147,7 @@ class PayoffDrafting:
     def catch_up_s(self, req) -> float:
         """Seconds drafting with the model now adds for ``req`` to absorb its pending tokens
         (the whole context on its first proposal, the rounds it skipped later)."""
-        n = self.pending(req)
-        if n == 0 or not self.sync_line.w or self.fixed_costs is not None:
-            return 0.0
-        a, b = fit_line(self.sync_line)
-        return a + b * n
+        return float(self.catch_up_batch([req])[0])
 
     def model_call_s(self, num_requests: int) -> float:
         """The model drafter's seconds per call, shared by the requests drafting with it."""
@@ -268,7 +264,8 @@ class PayoffDrafting:
         return choices, lookups
 
     def catch_up_batch(self, decoding: list) -> np.ndarray:
-        """:meth:`catch_up_s` of every request, ``[R]``."""
+        """:meth:`catch_up_s` of every request, ``[R]``: the fitted absorption line at each one's
+        pending tokens, 0 where none are pending."""
         if not self.sync_line.w or self.fixed_costs is not None:
             return np.zeros(len(decoding))
         n = np.array([self.pending(r) for r in decoding], dtype=np.float64)  # [R]
