@@ -3,7 +3,10 @@
 Thread CPU time of each engine part, the two variants alternating in one process (tiny
 target, fp32, one thread). Mode ``override`` (default): the payoff controller decides, its
 choices are then overridden to plain decoding (no probes); ``unprofitable``: fixed drafting
-costs no round repays, so the controller itself decodes plainly and only probes.
+costs no round repays, so the controller itself decodes plainly and only probes;
+``probes``: measured costs, the controller as shipped (``priced``: a probe waits until its
+cost is ``probe_budget`` of plain decoding) against the probe clock alone (``clock``: every
+probe costed 0, the controller before issue 17's probe pricing).
 
     python scripts/bench_floor.py DRAFTER PROMPTS.jsonl[,...] 16,64 [REPEATS] [MODE]
 
@@ -15,6 +18,7 @@ import itertools
 import sys
 import time
 
+import numpy as np
 import torch
 
 import dspark.engine.draft_stage as DS
@@ -46,6 +50,15 @@ def timed(name, fn):
 
 NEVER = [False]
 orig_plan = PD.PayoffDrafting.plan
+UNPRICED = [False]
+orig_probe_cost = PD.batch_probe_cost
+
+
+def probe_cost(net, *a, **k):
+    return np.zeros(net.shape[0]) if UNPRICED[0] else orig_probe_cost(net, *a, **k)
+
+
+PD.batch_probe_cost = probe_cost
 
 
 def plan(self, decoding, K):
@@ -73,7 +86,10 @@ drafter.update = timed("drafter update", drafter.update)
 sets = {s: load_prompts(s, 4) for s in sys.argv[2].split(",")}
 conc = [int(c) for c in sys.argv[3].split(",")]
 repeats = int(sys.argv[4]) if len(sys.argv) > 4 else 3
-MODE = sys.argv[5] if len(sys.argv) > 5 else "override"  # or "unprofitable": fixed prices nothing repays
+MODE = (
+    sys.argv[5] if len(sys.argv) > 5 else "override"
+)  # or "unprofitable" (fixed prices nothing repays), "probes"
+VARIANTS = ("plain", "clock", "priced") if MODE == "probes" else ("plain", "never")
 params = SamplingParams(temperature=0.0, max_tokens=64)
 for (name, prompts), c in itertools.product(sets.items(), conc):
     ids = [prompt_ids(target.tokenizer, p) for p in prompts]
@@ -81,7 +97,7 @@ for (name, prompts), c in itertools.product(sets.items(), conc):
     seq = max(512, max(map(len, reqs)) + 65)
     tot = {}
     for _ in range(repeats):
-        for variant in ("plain", "never"):
+        for variant in VARIANTS:
             costs = (
                 (("model", 10.0), ("ngram", 10.0)) if MODE == "unprofitable" and variant != "plain" else None
             )
@@ -95,6 +111,7 @@ for (name, prompts), c in itertools.product(sets.items(), conc):
             )
             eng = Engine(target, drafter if variant != "plain" else None, cfg)
             NEVER[0] = variant == "never" and MODE == "override"
+            UNPRICED[0] = variant == "clock"
             eng.generate(reqs[:1], SamplingParams(temperature=0.0, max_tokens=4))
             acc.clear()
             t = clk()
@@ -102,9 +119,20 @@ for (name, prompts), c in itertools.product(sets.items(), conc):
             acc["total"] = clk() - t
             acc["tokens"] = sum(len(r.token_ids) for r in res)
             acc["steps"] = eng.stats.steps
+            acc["model rounds"], acc["model probes"] = eng.stats.model_rounds, eng.stats.model_probes
             d = tot.setdefault(variant, {})
             for k, v in acc.items():
                 d[k] = d.get(k, 0.0) + v
+    if MODE == "probes":
+        p = tot["plain"]
+        for v in VARIANTS[1:]:
+            n = tot[v]
+            print(
+                f"== {name[-12:]} c={c} {v} {drafter_name}: {v}/plain speed {p['total'] / p['tokens'] / (n['total'] / n['tokens']):.3f}x "
+                f"(plain {p['total']:.2f}s {v} {n['total']:.2f}s); model rounds {n['model rounds']:.0f} of which probes {n['model probes']:.0f}; "
+                f"draft stage {1e3 * n['draft stage'] / n['steps']:.2f} ms/step, drafter updates {n.get('drafter update', 0):.2f}s"
+            )
+        continue
     p, n = tot["plain"], tot["never"]
     print(
         f"   plan per step: {1e3 * n['plan'] / n['steps']:.3f} ms; draft stage less plan {1e3 * (n['draft stage'] - n['plan']) / n['steps']:.3f} ms; verify+commit never-plain {1e3 * (n['verify+commit'] - p['verify+commit']) / n['steps']:.3f} ms/step"

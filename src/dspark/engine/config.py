@@ -64,7 +64,8 @@ class EngineStats:
     cost_unprofitable: int = 0
     # payoff control: rounds drafted by each proposer (the others decoded plainly)
     ngram_rounds: int = 0
-    model_rounds: int = 0
+    model_rounds: int = 0  # ... of which probes (a short verification while the model does not pay):
+    model_probes: int = 0
 
     @property
     def overhead_share(self) -> float:

@@ -148,6 +148,7 @@ class DraftStage:
         stats.cost_unprofitable += sum(c.proposer is None for c in choices)
         stats.ngram_rounds += sum(c.proposer == "ngram" for c in choices)
         stats.model_rounds += sum(c.proposer == "model" for c in choices)
+        stats.model_probes += sum(c.probe for c in choices)
         peaks = lambda probs: self.estimator.predict(peak_features(probs))  # noqa: E731
         block, chosen, caps = self.payoff.propose(decoding, choices, lookups, K, peaks)
         stats.draft_s += time.perf_counter() - started

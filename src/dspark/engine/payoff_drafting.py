@@ -42,7 +42,14 @@ from dspark.scheduler.payoff import (
     RoundCosts,
     shadow_outcome,
 )
-from dspark.scheduler.payoff_batch import batch_net, batch_rates, best_of, quiet_rows, shared_call_repaid
+from dspark.scheduler.payoff_batch import (
+    batch_net,
+    batch_probe_cost,
+    batch_rates,
+    best_of,
+    quiet_rows,
+    shared_call_repaid,
+)
 from dspark.scheduler.step_times import DecayedLine, DraftCosts, StepTimes, fit_line
 
 POOL_MEMORY = 0.99  # per pooled observation
@@ -219,14 +226,19 @@ class PayoffDrafting:
             self._measured(NGRAM, self.clock() - started, R)
             caps[NGRAM] = np.array([len(lookups[r.id]) for r in decoding], dtype=np.int64)
             gains[NGRAM] = gains_of(NGRAM, caps[NGRAM], costs.draft_s.get(NGRAM, 0.0))
+        tried = MODEL in self.pooled
+        call_s = self.model_call_s(R) if tried else 0.0
+        probe_costs: dict[str, np.ndarray] = {}  # proposer -> tokens a probe costs [R]
         if self.model is not None:
             model_s: np.ndarray | float = costs.draft_s.get(MODEL, 0.0)
             if MODEL in costs.draft_s and self.sync_line.w:  # + each request's catch-up
                 model_s = model_s + self.catch_up_batch(decoding)
             caps[MODEL] = budget
             gains[MODEL] = gains_of(MODEL, budget, model_s)
-        tried = MODEL in self.pooled
-        call_s = self.model_call_s(R) if tried else 0.0
+            probe_costs[MODEL] = batch_probe_cost(
+                nets[MODEL], config.probe_length, draft_s=model_s, call_s=call_s, costs=costs,
+                margin=config.margin,
+            )  # fmt: skip
         blocked = ()
         if call_s > 0 and MODEL in gains:  # the model's call is shared: does the batch repay it?
             g = {name: g for name, (g, _) in gains.items()}
@@ -239,6 +251,8 @@ class PayoffDrafting:
             blocked=blocked,
             skipped=skipped,
             interval=interval,
+            probe_costs=probe_costs,
+            config=config,
         )
         choices = [PLAIN] * R
         for i in np.flatnonzero(quiet).tolist():
@@ -252,10 +266,14 @@ class PayoffDrafting:
                 # time tries it: its first proposal is the costly one (the whole prompt's context).
                 own_caps[MODEL] = 0
                 own.pop(MODEL, None)
+            own_probes = {name: float(c[i]) for name, c in probe_costs.items()}
             choices[i] = ctrls[i].decide(
-                own_caps, costs, shadowed=(NGRAM,), priors=priors, blocked=blocked, gains=own
-            )
+                own_caps, costs, shadowed=(NGRAM,), priors=priors, blocked=blocked, gains=own,
+                probe_costs=own_probes,
+            )  # fmt: skip
             model_tries |= choices[i].proposer == MODEL
+        if MODEL in blocked:
+            join_probe_call(choices, ctrls, gains)
         for req, choice in zip(decoding, choices):
             if choice.proposer == NGRAM:
                 req.shadow = None  # this round observes the n-gram for real
@@ -351,6 +369,23 @@ class PayoffDrafting:
         if outcome is not None:
             self._observe(req, NGRAM, *outcome)
             req.shadow = None
+
+
+def join_probe_call(
+    choices: list[Choice], ctrls: list[PayoffController], gains: Mapping[str, tuple[np.ndarray, np.ndarray]]
+) -> None:
+    """When the model's shared call is blocked (the batch does not repay it) but some request
+    probes it this round, the call is paid anyway: every request whose own gain with the model
+    is positive and beats its current choice drafts with it for real (in place)."""
+    if not any(c.probe and c.proposer == MODEL for c in choices):
+        return
+    g_model, ell_model = gains[MODEL]
+    for i, choice in enumerate(choices):
+        if choice.proposer == MODEL:
+            continue
+        rival = max([0.0] + [float(g[i]) for name, (g, _) in gains.items() if name != MODEL])
+        if g_model[i] > rival:
+            choices[i] = ctrls[i].drafts(MODEL, int(ell_model[i]))
 
 
 def merge_blocks(

@@ -25,11 +25,28 @@ from dspark.user_cache import sps_dir
 logger = logging.getLogger(__name__)
 
 
+# Config fields that do not change what a forward costs: a copy of the same model elsewhere,
+# or with other special tokens, shares its profile (a path-keyed table made each copied tree
+# profile afresh under that moment's load: issue 17).
+_NOT_COST = frozenset(
+    {"_name_or_path", "name_or_path", "transformers_version", "architectures", "_commit_hash",
+     "bos_token_id", "eos_token_id", "pad_token_id", "dtype", "torch_dtype"}
+)  # fmt: skip
+
+
+def architecture_digest(config) -> str:
+    """A hash of the config's fields that shape the forward (sizes, attention, rope, ...), not
+    of its path or weights: what a step costs depends on those alone."""
+    fields = {k: v for k, v in config.to_dict().items() if k not in _NOT_COST}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def profile_key(target: TargetAdapter, *, num_slots: int, block_size: int, context: int) -> dict:
     """What an SPS table depends on; its hash names the saved file."""
     config = target.config
     return {
-        "target": str(getattr(config, "_name_or_path", "") or config.model_type),
+        "target": str(config.model_type),
+        "architecture": architecture_digest(config),
         "layers": target.num_layers,
         "hidden": target.hidden_size,
         "vocab": target.vocab_size,

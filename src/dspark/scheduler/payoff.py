@@ -24,7 +24,11 @@ When nothing pays, the request decodes plainly and *probes* every ``interval`` r
 (a short verification with the most promising proposer; also while only the free n-gram
 pays, so that a model drafter that would pay more is found), the interval doubling after
 each probe that does not change the verdict, so a request whose text turns predictable
-is picked up again at a bounded cost. A deterministic proposer (n-gram lookup) needs no
+is picked up again at a bounded cost. A probe is priced too (:func:`probe_cost`: its
+drafting, catch-up and verification seconds less the tokens it is expected to accept);
+one costing ``c`` tokens waits at least ``c / probe_budget`` rounds, so that probes cost
+at most that fraction of plain decoding, and a proposer that could not pay even if every
+draft were accepted is not probed at all. A deterministic proposer (n-gram lookup) needs no
 probes: its proposal made at some round is compared afterwards with the tokens the
 request actually emitted (:func:`shadow_outcome`). Those tokens have the target's
 distribution whatever produced them, so "the emitted token equals the proposed one"
@@ -55,10 +59,13 @@ class PayoffConfig:
     probe_max: int = 64  # the probe interval doubles up to this
     probe_length: int = 2  # drafts verified by a probe
     margin: float = 1.0  # draft only when the predicted gain beats its cost by this factor
+    # probes may cost at most this fraction of plain decoding: one costing c tokens (probe_cost)
+    # waits >= c / probe_budget rounds (the floor at 16-64 requests was 10-15 % of plain: issue 17)
+    probe_budget: float = 0.02
 
     def __post_init__(self) -> None:
         ok = 0 <= self.prior_first <= 1 and 0 <= self.prior_later <= 1 and 0 <= self.memory < 1
-        ok = ok and self.prior_strength >= 0 and self.pool_strength >= 0
+        ok = ok and self.prior_strength >= 0 and self.pool_strength >= 0 and self.probe_budget > 0
         if not (ok and self.probe_every >= 1 and self.probe_max >= self.probe_every and self.margin > 0):
             raise ValueError(f"bad payoff config {self}")
 
@@ -133,6 +140,27 @@ def best_length(
     return best - rho * draft_s, best_ell
 
 
+def probe_cost(
+    e: float, q: float, length: int, *, draft_s: float, call_s: float, costs: RoundCosts, margin: float = 1.0
+) -> float:
+    """Tokens a probe verifying ``length`` drafts is expected to cost one request, net of the
+    drafts it is expected to accept (``>= 0``): ``ρ·(d + c + v(ℓ)) − E(ℓ)`` with the per-call
+    seconds ``c`` charged whole. ``inf`` when drafting could not pay even with every draft
+    accepted (``max_ℓ ℓ/margin − ρ·(v(ℓ) + d + c) <= 0``): no outcome of a probe would change
+    the verdict."""
+    rho, K = costs.tokens_per_s, len(costs.verify_s) - 1
+    overhead = rho * (draft_s + call_s)
+    perfect = max((ell / margin - rho * costs.verify_s[ell] for ell in range(1, K + 1)), default=0.0)
+    length = min(length, K)
+    if perfect - overhead <= 0 or length < 1:
+        return float("inf")
+    accepted = 0.0
+    for k in range(length):  # E(ℓ) / margin, summed as best_length (and payoff_batch) sum it
+        accepted += e * q**k / margin
+    net = accepted - rho * costs.verify_s[length] - overhead
+    return max(0.0, -net)
+
+
 @dataclass(frozen=True)
 class Choice:
     """This round's decision for one request: ``proposer`` None = decode plainly."""
@@ -182,6 +210,7 @@ class PayoffController:
         priors: Mapping[str, tuple[float, float]] | None = None,
         blocked: Sequence[str] = (),
         gains: Mapping[str, tuple[float, int]] | None = None,
+        probe_costs: Mapping[str, float] | None = None,
     ) -> Choice:
         """This round's proposer and cap. ``caps``: most drafts each proposer can offer now;
         ``shadowed``: proposers observed for free (:func:`shadow_outcome`), never probed;
@@ -189,29 +218,45 @@ class PayoffController:
         pooled rates of every request, so a new request starts from what others saw);
         ``blocked``: proposers that may only be probed this round (their shared per-call
         cost is not repaid by the batch, :func:`shared_call_pays`); ``gains``: what
-        :meth:`gains` returns for these arguments, when the caller has it already."""
+        :meth:`gains` returns for these arguments, when the caller has it already;
+        ``probe_costs``: :func:`probe_cost` per proposer (missing: 0, the probe clock alone)."""
         gains = self.gains(caps, costs, priors) if gains is None else gains
         probeable = {n: g for n, g in gains.items() if n not in shadowed}
         usable = {n: g for n, g in gains.items() if n not in blocked}
         best = max(usable, key=lambda n: usable[n][0]) if usable else None
         if best is not None and usable[best][0] > 0 and best in probeable:
-            self.skipped, self.interval = 0, self.config.probe_every  # it drafts for real: no probe due
-            return Choice(best, gains[best][1])
+            return self.drafts(best, gains[best][1])
         # Nothing probeable drafts this round (plain decoding, or a shadowed proposer that pays):
         # the probeable ones are probed now and then, so a stale verdict on them is revisited.
         self.skipped += 1
         interval = self.interval or self.config.probe_every
-        if probeable and self.skipped >= interval:
+        due = {
+            n: g
+            for n, g in probeable.items()
+            if self.skipped >= max(interval, probe_wait((probe_costs or {}).get(n, 0.0), self.config))
+        }
+        if due:
             self.skipped = 0
             self.interval = min(2 * interval, self.config.probe_max)
-            name = max(probeable, key=lambda n: probeable[n][0])
+            name = max(due, key=lambda n: due[n][0])
             return Choice(name, min(caps[name], self.config.probe_length), probe=True)
         if best is not None and usable[best][0] > 0:
             return Choice(best, usable[best][1])
         return Choice(None)
 
+    def drafts(self, proposer: str, length: int) -> Choice:
+        """Draft for real with ``proposer`` this round: no probe is due before the next skipped rounds."""
+        self.skipped, self.interval = 0, self.config.probe_every
+        return Choice(proposer, length)
+
     def observe(self, proposer: str, verified: int, accepted: int) -> None:
         self.record(proposer).observe(verified, accepted, self.config.memory)
+
+
+def probe_wait(cost: float, config: PayoffConfig) -> float:
+    """Skipped rounds before a probe costing ``cost`` tokens is due: its cost spread over them
+    is ``probe_budget`` of the tokens plain decoding makes meanwhile (``inf``: never)."""
+    return cost / config.probe_budget
 
 
 def shared_call_pays(gains: Sequence[float], call_s: float, tokens_per_s: float) -> bool:

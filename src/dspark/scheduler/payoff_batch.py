@@ -10,9 +10,10 @@ of R requests are arrays:
     G_r = max_{1 ≤ ℓ ≤ cap_r} [ Σ_{k<ℓ} e_r q_r^k / margin − ρ·v(ℓ) ] − ρ·d_r
 
 with the same prior strengths and the same first-maximum tie rule as the scalar code, so
-a batch's gains equal the per-request ones (tested); :func:`quiet_rows` then finds the
-requests whose round is already decided — nothing usable pays and no probe is due — so
-that only the others go through :meth:`PayoffController.decide`.
+a batch's gains equal the per-request ones (tested); :func:`batch_probe_cost` prices a
+probe of each request (:func:`~dspark.scheduler.payoff.probe_cost`); :func:`quiet_rows`
+then finds the requests whose round is already decided — nothing usable pays and no
+probe is due — so that only the others go through :meth:`PayoffController.decide`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dspark.scheduler.payoff import AcceptanceRecord, PayoffConfig, RoundCosts, shared_call_pays
+from dspark.scheduler.payoff import AcceptanceRecord, PayoffConfig, RoundCosts, probe_wait, shared_call_pays
 
 _EMPTY = AcceptanceRecord()
 
@@ -88,6 +89,27 @@ def batch_best_length(
     return best_of(batch_net(e, q, costs, margin), caps, draft_s, costs.tokens_per_s)
 
 
+def batch_probe_cost(
+    net: np.ndarray,
+    length: int,
+    *,
+    draft_s: np.ndarray | float,
+    call_s: float,
+    costs: RoundCosts,
+    margin: float = 1.0,
+) -> np.ndarray:
+    """``[R]``: :func:`~dspark.scheduler.payoff.probe_cost` of each row of :func:`batch_net`'s ``net``."""
+    R, K = net.shape
+    rho = costs.tokens_per_s
+    overhead = rho * (np.broadcast_to(np.asarray(draft_s, dtype=np.float64), (R,)) + call_s)  # [R]
+    perfect = max((ell / margin - rho * costs.verify_s[ell] for ell in range(1, K + 1)), default=0.0)
+    length = min(length, K)
+    if length < 1:
+        return np.full(R, np.inf)
+    cost = np.maximum(0.0, -(net[:, length - 1] - overhead))
+    return np.where(perfect - overhead <= 0, np.inf, cost)
+
+
 def quiet_rows(
     gains: dict[str, np.ndarray],
     *,
@@ -95,20 +117,26 @@ def quiet_rows(
     blocked: Sequence[str],
     skipped: np.ndarray,
     interval: np.ndarray,
+    probe_costs: dict[str, np.ndarray] | None = None,
+    config: PayoffConfig | None = None,
 ) -> np.ndarray:
     """``[R]`` bool: rows whose :meth:`PayoffController.decide` is known to return plain decoding
     and only count a skipped round — no usable proposer has a positive gain, and no probe
-    is due (``skipped + 1 < interval``, or nothing probeable can propose)."""
+    is due (``skipped + 1 < max(interval, probe wait)`` for every probeable proposer that can
+    propose). ``probe_costs``: :func:`batch_probe_cost` per proposer (missing: 0)."""
     R = skipped.shape[0]
     usable = [g for name, g in gains.items() if name not in blocked]
     pays = np.zeros(R, dtype=bool)
     for g in usable:
         pays |= g > 0
-    can_probe = np.zeros(R, dtype=bool)
+    due = np.zeros(R, dtype=bool)
+    config = config or PayoffConfig()
     for name in probeable:
         if name in gains:
-            can_probe |= np.isfinite(gains[name])
-    return ~pays & ~(can_probe & (skipped + 1 >= interval))
+            cost = (probe_costs or {}).get(name)
+            wait = interval if cost is None else np.maximum(interval, probe_wait(cost, config))
+            due |= np.isfinite(gains[name]) & (skipped + 1 >= wait)
+    return ~pays & ~due
 
 
 def shared_call_repaid(gains: dict[str, np.ndarray], name: str, call_s: float, tokens_per_s: float) -> bool:

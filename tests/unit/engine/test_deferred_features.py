@@ -51,7 +51,9 @@ def test_a_lazy_drafter_reads_the_features_one_target_forward_gives(target, sps,
         return propose(states, max_len, sampling)
 
     drafter.propose = checked_propose
-    costs = (("model", 3.0), ("ngram", 100.0))  # neither pays: plain rounds, model probes only
+    # neither pays: plain rounds, model probes only (a model that could not pay even when always
+    # right, 3 s a request, would not be probed at all)
+    costs = (("model", 0.5), ("ngram", 100.0))
     config = EngineConfig(policy="fixed", max_batch=4, block_size=4, payoff=True, draft_costs=costs)
     engine = Engine(target, drafter, config, sps=sps)
     ids = [engine.submit(p, SamplingParams(temperature=0.0, max_tokens=120)) for p in make_prompts(4, seed=5)]

@@ -12,11 +12,19 @@ import numpy as np
 import pytest
 
 from dspark.drafters.ngram import lookup
-from dspark.engine.payoff_drafting import MODEL, NGRAM, SHADOW_EVERY, PayoffDrafting
+from dspark.engine.payoff_drafting import MODEL, NGRAM, SHADOW_EVERY, PayoffDrafting, join_probe_call
 from dspark.engine.requests import Request
 from dspark.protocols import SamplingParams, SequenceState
 from dspark.scheduler import FirstAcceptPredictor
-from dspark.scheduler.payoff import PayoffConfig, PayoffController, RoundCosts, shared_call_pays
+from dspark.scheduler.payoff import (
+    PLAIN,
+    Choice,
+    PayoffConfig,
+    PayoffController,
+    RoundCosts,
+    probe_cost,
+    shared_call_pays,
+)
 
 from .conftest import VOCAB
 from .drafters import NoisyOracleDrafter
@@ -56,16 +64,32 @@ def reference_plan(payoff: PayoffDrafting, decoding: list[Request], K: int):
             g[MODEL][0] for g in every_gains if MODEL in g and g[MODEL][0] >= max(v[0] for v in g.values())
         ]
         blocked = () if shared_call_pays(model, call_s, costs.tokens_per_s) else (MODEL,)
+    config = payoff.config
     choices = []
     for req, caps, own in zip(decoding, every_caps, every_costs):
         if not tried and any(c.proposer == MODEL for c in choices):
             caps = {**caps, MODEL: 0}
-        choice = req.payoff.decide(caps, own, shadowed=(NGRAM,), priors=priors, blocked=blocked)
+        probes = {}
+        if MODEL in caps:
+            e, q = req.payoff.record(MODEL).rates(config, priors.get(MODEL))
+            probes[MODEL] = probe_cost(
+                e, q, config.probe_length, draft_s=own.draft_s.get(MODEL, 0.0), call_s=call_s, costs=own,
+                margin=config.margin,
+            )  # fmt: skip
+        choice = req.payoff.decide(
+            caps, own, shadowed=(NGRAM,), priors=priors, blocked=blocked, probe_costs=probes
+        )
+        choices.append(choice)
+    if blocked and any(c.probe and c.proposer == MODEL for c in choices):  # the call is paid anyway
+        for i, (req, g) in enumerate(zip(decoding, every_gains)):
+            rival = max([0.0] + [v[0] for name, v in g.items() if name != MODEL])
+            if choices[i].proposer != MODEL and MODEL in g and g[MODEL][0] > rival:
+                choices[i] = req.payoff.drafts(MODEL, g[MODEL][1])
+    for req, choice in zip(decoding, choices):
         if choice.proposer != NGRAM and lookups.get(req.id) and req.shadow is None:
             req.shadow = (len(req.generated), lookups[req.id])
         if choice.proposer == NGRAM:
             req.shadow = None
-        choices.append(choice)
     return choices, lookups
 
 
@@ -146,3 +170,33 @@ def test_the_vectorised_plan_decides_as_each_request_would(target, sps, lazy, me
                 want.payoff.interval,
                 want.shadow,
             ), trial
+
+
+def test_requests_that_gain_join_a_blocked_model_call_a_probe_pays_for():
+    """The batch does not repay the model's shared call, but one request probes it anyway:
+    the requests whose own gain with the model is positive and beats their choice draft too."""
+    inf = float("-inf")
+    gains = {
+        MODEL: (np.array([-0.5, 0.3, 0.2, -0.1, 0.6]), np.array([2, 4, 5, 3, 6])),
+        NGRAM: (np.array([inf, -1.0, 0.4, inf, 0.1]), np.array([0, 1, 3, 0, 2])),
+    }
+
+    def run(first: Choice) -> tuple[list[Choice], list[PayoffController]]:
+        ctrls = [
+            PayoffController(config=PayoffConfig(probe_every=4), skipped=3, interval=16) for _ in range(5)
+        ]
+        choices = [first, PLAIN, Choice(NGRAM, 3), PLAIN, Choice(NGRAM, 2)]
+        join_probe_call(choices, ctrls, gains)
+        return choices, ctrls
+
+    choices, ctrls = run(Choice(MODEL, 2, probe=True))
+    assert choices == [
+        Choice(MODEL, 2, probe=True),
+        Choice(MODEL, 4),
+        Choice(NGRAM, 3),
+        PLAIN,
+        Choice(MODEL, 6),
+    ]
+    assert [(c.skipped, c.interval) for c in ctrls] == [(3, 16), (0, 4), (3, 16), (3, 16), (0, 4)]
+    choices, _ = run(PLAIN)  # no probe: the call is not made, nobody joins
+    assert choices == [PLAIN, PLAIN, Choice(NGRAM, 3), PLAIN, Choice(NGRAM, 2)]

@@ -6,7 +6,7 @@ import json
 
 from dspark.cli import main
 from dspark.engine import Engine, EngineConfig
-from dspark.engine.profile import load_or_profile, profile_sps, step_runs
+from dspark.engine.profile import load_or_profile, profile_key, profile_sps, step_runs
 from dspark.scheduler import SpsTable
 from dspark.targets import TargetAdapter
 from dspark.targets.flat import KVStore
@@ -32,6 +32,24 @@ def test_profile_then_load(tiny_qwen3, tmp_path):
         target, _AnyDrafter(), EngineConfig(max_batch=4, max_seq_len=64, block_size=3, sps_path=path)
     )
     assert engine.sps == table
+
+
+def test_copies_of_a_target_share_a_profile_and_other_shapes_do_not(tiny_qwen3, tmp_path):
+    """The key names what a step costs (sizes, dtype, threads, engine shape), not where the
+    model was loaded from: a copied tree reuses the table instead of profiling afresh."""
+    from transformers import AutoModelForCausalLM
+
+    keys = []
+    for name in ("a", "b"):
+        tiny_qwen3.save_pretrained(tmp_path / name)
+        loaded = TargetAdapter(AutoModelForCausalLM.from_pretrained(tmp_path / name))
+        assert loaded.config._name_or_path.endswith(name)
+        keys.append(profile_key(loaded, num_slots=4, block_size=3, context=32))
+    assert keys[0] == keys[1]
+    wider = type(tiny_qwen3.config).from_dict(tiny_qwen3.config.to_dict() | {"intermediate_size": 96})
+    assert wider.intermediate_size != tiny_qwen3.config.intermediate_size
+    other = TargetAdapter(type(tiny_qwen3)(wider))
+    assert profile_key(other, num_slots=4, block_size=3, context=32) != keys[0]
 
 
 def test_cli_profile(tiny_qwen3, tiny_tokenizer, tmp_path, capsys):

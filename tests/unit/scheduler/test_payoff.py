@@ -11,6 +11,7 @@ from dspark.scheduler.payoff import (
     RoundCosts,
     best_length,
     expected_accepted,
+    probe_cost,
     shadow_outcome,
     shared_call_pays,
 )
@@ -72,6 +73,28 @@ def test_falls_back_to_plain_decoding_when_drafting_does_not_pay():
     drafted = [i for i, ch in enumerate(choices) if ch.proposer is not None]
     assert all(choices[i].probe and choices[i].length == 2 for i in drafted)  # short probes only
     assert drafted == [3, 11, 27]  # every 4, then 8, then 16 rounds (interval doubles to probe_max)
+
+
+def test_a_probe_costs_its_seconds_less_what_it_is_expected_to_accept():
+    # ρ = 100 tokens/s: verifying 2 costs 0.1 token, the drafter 0.4, a shared call 0.2 more;
+    # e = 0.3, q = 0.5 accept 0.3 + 0.15 = 0.45 of them: 0.7 - 0.45 = 0.25 tokens net
+    cost = probe_cost(0.3, 0.5, 2, draft_s=0.4 * STEP, call_s=0.2 * STEP, costs=COSTS)
+    assert cost == pytest.approx(0.25)
+    assert probe_cost(0.9, 0.9, 2, draft_s=0.0, call_s=0.0, costs=COSTS) == 0.0  # it would pay
+    # 7 perfect drafts gain 7 - 0.35 tokens: a drafter costing 7 steps per round never can
+    assert probe_cost(1.0, 1.0, 2, draft_s=7 * STEP, call_s=0.0, costs=COSTS) == float("inf")
+
+
+def test_a_costly_probe_waits_until_it_is_a_small_share_of_plain_decoding():
+    """A probe costing 0.5 tokens with a 2 % budget is due after 25 skipped rounds at the
+    earliest, whatever the probe clock says; an unpayable proposer is never probed."""
+    c = controller_with({"model": [(7, 0)] * 6}, probe_every=4, probe_max=64, probe_budget=0.02)
+    choices = [c.decide({"model": 7}, COSTS, probe_costs={"model": 0.5}) for _ in range(120)]
+    probes = [i for i, ch in enumerate(choices) if ch.probe]
+    assert probes == [24, 49, 74, 106]  # waits 25, 25, 25, then the doubled clock's 32
+    never = controller_with({"model": [(7, 0)] * 6}, probe_every=4)
+    choices = [never.decide({"model": 7}, COSTS, probe_costs={"model": float("inf")}) for _ in range(200)]
+    assert all(ch.proposer is None for ch in choices)
 
 
 def test_resumes_drafting_when_the_text_turns_predictable():

@@ -8,8 +8,21 @@ import random
 import numpy as np
 import pytest
 
-from dspark.scheduler.payoff import AcceptanceRecord, PayoffConfig, PayoffController, RoundCosts, best_length
-from dspark.scheduler.payoff_batch import batch_best_length, batch_rates, quiet_rows
+from dspark.scheduler.payoff import (
+    AcceptanceRecord,
+    PayoffConfig,
+    PayoffController,
+    RoundCosts,
+    best_length,
+    probe_cost,
+)
+from dspark.scheduler.payoff_batch import (
+    batch_best_length,
+    batch_net,
+    batch_probe_cost,
+    batch_rates,
+    quiet_rows,
+)
 
 
 def records(seed: int, n: int) -> list[AcceptanceRecord | None]:
@@ -55,6 +68,25 @@ def test_batch_best_length_equals_best_length(verify_s):
         assert gain[i] == (pytest.approx(g, rel=1e-9, abs=1e-12) if k else float("-inf"))
 
 
+def test_batch_probe_cost_equals_probe_cost():
+    rng = random.Random(4)
+    costs = RoundCosts(verify_s=tuple(0.0005 * ell for ell in range(8)), tokens_per_s=100.0, draft_s={})
+    R = 300
+    e = np.array([rng.random() for _ in range(R)])
+    q = np.array([rng.random() for _ in range(R)])
+    draft_s = np.array([rng.choice([0.0, 0.002, 0.01, 0.08]) * rng.random() for _ in range(R)])
+    for length in (1, 2, 9):
+        got = batch_probe_cost(
+            batch_net(e, q, costs, 1.3), length, draft_s=draft_s, call_s=0.003, costs=costs, margin=1.3
+        )
+        want = [
+            probe_cost(e[i], q[i], length, draft_s=draft_s[i], call_s=0.003, costs=costs, margin=1.3)
+            for i in range(R)
+        ]
+        assert got.tolist() == pytest.approx(want, rel=1e-12, abs=1e-12)
+        assert np.isinf(got).any() and (got == 0).any() and ((got > 0) & np.isfinite(got)).any()
+
+
 def test_quiet_rows_are_exactly_those_decide_leaves_plain_without_a_probe():
     """A row is quiet iff ``decide`` returns plain decoding and is not probing; it then only
     counts the skipped round."""
@@ -68,16 +100,20 @@ def test_quiet_rows_are_exactly_those_decide_leaves_plain_without_a_probe():
             "model": rng.choice([float("-inf"), -0.1, 0.3]),
         }
         blocked = rng.choice([(), ("model",)])
+        probe = rng.choice([None, 0.0, 0.05, 0.11, 0.2, float("inf")])  # waits 0 to 10 rounds, never
+        probes = {} if probe is None else {"model": probe}
         quiet = quiet_rows(
             {n: np.array([g]) for n, g in gains.items()},
             probeable=["model"],
             blocked=blocked,
             skipped=np.array([ctrl.skipped]),
             interval=np.array([ctrl.interval or ctrl.config.probe_every]),
+            probe_costs={n: np.array([c]) for n, c in probes.items()},
+            config=ctrl.config,
         )[0]
         caps = {n: 0 if g == float("-inf") else 3 for n, g in gains.items()}
         own = {n: (g, 2) for n, g in gains.items() if caps[n] >= 1}
         before = ctrl.skipped
-        choice = ctrl.decide(caps, costs, shadowed=("ngram",), blocked=blocked, gains=own)
+        choice = ctrl.decide(caps, costs, shadowed=("ngram",), blocked=blocked, gains=own, probe_costs=probes)
         plain_count = choice.proposer is None and ctrl.skipped == before + 1
         assert quiet == plain_count, (trial, gains, blocked, before, choice)
