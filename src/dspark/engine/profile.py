@@ -13,10 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from dspark.engine.payoff_drafting import pricing_clock
 from dspark.scheduler import SpsTable, default_sizes, measure_sps
 from dspark.targets import TargetAdapter
 from dspark.targets.flat import KVStore, Run, flat_forward
@@ -41,6 +44,16 @@ def architecture_digest(config) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def profile_clock(target: TargetAdapter) -> tuple[str, Callable[[], float]]:
+    """``(name, clock)`` a profile is timed on: the clock the payoff controller prices with
+    (:func:`~dspark.engine.payoff_drafting.pricing_clock`). On a one-thread CPU target that is
+    the thread's CPU time, so a profile taken while other processes hold the cores is the
+    one an idle machine gives (wall-clock profiles taken under load were 3-6x too slow at
+    small B and set the wrong regime: issue 17)."""
+    clock = pricing_clock(target.device)
+    return ("thread" if clock is time.thread_time else "wall"), clock
+
+
 def profile_key(target: TargetAdapter, *, num_slots: int, block_size: int, context: int) -> dict:
     """What an SPS table depends on; its hash names the saved file."""
     config = target.config
@@ -56,6 +69,7 @@ def profile_key(target: TargetAdapter, *, num_slots: int, block_size: int, conte
         "slots": num_slots,
         "block_size": block_size,
         "context": context,
+        "clock": profile_clock(target)[0],
     }
 
 
@@ -95,7 +109,9 @@ def profile_sps(
         flat_forward(target, store, ids, runs, logits_at=torch.arange(num_tokens))
 
     key = profile_key(target, num_slots=store.num_slots, block_size=block_size, context=context)
-    table = measure_sps(step, sizes or default_sizes(max_tokens), repeats=repeats, meta=key)
+    table = measure_sps(
+        step, sizes or default_sizes(max_tokens), repeats=repeats, meta=key, clock=profile_clock(target)[1]
+    )
     logger.info(
         "profiled SPS: B=1 %.1f steps/s, B=%d %.1f steps/s",
         table(1),

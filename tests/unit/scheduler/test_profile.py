@@ -55,3 +55,33 @@ def test_non_decreasing_fit_removes_dips_keeps_cliffs():
     assert non_decreasing([1.0, 3.0, 2.0, 4.0]) == [1.0, 2.5, 2.5, 4.0]
     assert non_decreasing([1.0, 1.0, 5.0, 5.0]) == [1.0, 1.0, 5.0, 5.0]  # a cliff stays
     assert non_decreasing([3.0, 2.0, 1.0]) == [2.0, 2.0, 2.0]
+
+
+def test_measure_sps_times_steps_on_the_clock_it_is_given():
+    """A step of B tokens advances a fake clock by B/100 s (and sleeps: wall time it does not
+    count): the table is exactly that clock's, whatever the wall clock says."""
+    now = [0.0]
+
+    def step(b: int) -> None:
+        time.sleep(0.001)
+        now[0] += b / 100
+
+    table = measure_sps(step, [1, 2, 8], repeats=2, clock=lambda: now[0])
+    assert table.steps_per_s == pytest.approx((100.0, 50.0, 12.5))
+
+
+def test_a_one_thread_cpu_target_is_profiled_on_its_threads_cpu_clock(tiny_qwen3):
+    from dspark.engine.profile import profile_clock, profile_key
+    from dspark.targets import TargetAdapter
+
+    target = TargetAdapter(tiny_qwen3)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert profile_clock(target) == ("thread", time.thread_time)
+        key = profile_key(target, num_slots=2, block_size=3, context=8)
+        torch.set_num_threads(2)
+        assert profile_clock(target) == ("wall", time.perf_counter)
+        assert profile_key(target, num_slots=2, block_size=3, context=8) != key
+    finally:
+        torch.set_num_threads(threads)
