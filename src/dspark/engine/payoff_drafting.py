@@ -102,6 +102,11 @@ class PayoffDrafting:
         self.clock = clock  # every cost below is in its seconds
         self.draft_s: dict[str, float] = {}  # EMAs per request: n-gram lookup, model update
         self.model_costs = DraftCosts()  # the model drafter's seconds: per call + per request
+        # ... of calls that held some request's first model proposal (its pass over the whole
+        # prompt): an overestimate, priced with only until a call without one was timed. At
+        # 64 requests almost every early call holds a newcomer, and pricing the model at 0 s
+        # meanwhile made it draft where it lost a third of plain decoding's speed (issue 17).
+        self.first_costs = DraftCosts()
         self.model_step_s = 0.0  # the model drafter's seconds in this engine step
         self._split: tuple = (None, (0.0, 0.0))  # (inputs, model_split) of the last call
         # A lazily updated drafter absorbs, when a request next drafts, every token committed
@@ -127,7 +132,7 @@ class PayoffDrafting:
             draft_s = self.fixed_costs
         else:
             draft_s = dict(self.draft_s)
-            if self.model_costs.observed:
+            if self.model_line.observed:
                 draft_s[MODEL] = self.model_split(R)[1] + self.draft_s.get(UPDATE, 0.0)
         verify_s, rho = self.step_times.prices(R, self.block_size)
         return RoundCosts(verify_s=verify_s, tokens_per_s=rho, draft_s=draft_s)
@@ -137,11 +142,18 @@ class PayoffDrafting:
         were all of one size, split like the target's step line (a call drafts a block of
         ``K + 1`` rows per request)."""
         R = max(num_requests, 1)
-        key = (R, self.step_times.line.w, self.step_times.line.wy, self.model_costs.line.wy)
+        line = self.model_line
+        key = (R, self.step_times.line.w, self.step_times.line.wy, id(line), line.line.wy)
         if self._split[0] != key:  # asked twice a round (costs, then the shared-call check)
             a, b = self.step_times.fit(R, R * (self.block_size + 1))
-            self._split = (key, self.model_costs.split((a, b * (self.block_size + 1))))
+            self._split = (key, line.split((a, b * (self.block_size + 1))))
         return self._split[1]
+
+    @property
+    def model_line(self) -> DraftCosts:
+        """The model drafter's seconds to price with: its calls without a first proposal once
+        one was timed, else those with one."""
+        return self.model_costs if self.model_costs.observed else self.first_costs
 
     def pending(self, req) -> int:
         """Committed tokens the model drafter has not absorbed for ``req`` (0 unless lazy)."""
@@ -158,7 +170,7 @@ class PayoffDrafting:
 
     def model_call_s(self, num_requests: int) -> float:
         """The model drafter's seconds per call, shared by the requests drafting with it."""
-        if self.fixed_costs is not None or not self.model_costs.observed:
+        if self.fixed_costs is not None or not self.model_line.observed:
             return 0.0
         return self.model_split(num_requests)[0]
 
@@ -326,10 +338,9 @@ class PayoffDrafting:
             )
             elapsed = self.clock() - started
             self.model_step_s += elapsed
-            if self.fixed_costs is None and all(  # no first (whole-prompt) proposal in the call
-                r.payoff.record(MODEL).first_tested > 0 for r in by_model
-            ):
-                self.model_costs.observe(len(by_model), elapsed)
+            if self.fixed_costs is None:  # calls with a first (whole-prompt) proposal apart
+                clean = all(r.payoff.record(MODEL).first_tested > 0 for r in by_model)
+                (self.model_costs if clean else self.first_costs).observe(len(by_model), elapsed)
         if by_ngram:
             tokens = torch.zeros(len(by_ngram), K, dtype=torch.long)  # [n, K]
             lengths = torch.zeros(len(by_ngram), dtype=torch.long)  # [n]

@@ -228,10 +228,26 @@ def test_the_engine_reports_its_decode_steps_to_the_payoff_prices_unless_timing_
     line = measured.payoff.step_times.line
     assert line.w > 0 and 1 <= line.wx / line.w <= 2 * (1 + 4)  # mean rows of the observed steps
     assert line.wy > 0 and measured.payoff.step_times.scale > 0
-    assert measured.payoff.model_costs.observed  # the drafter's later calls were timed
+    assert measured.payoff.model_line.observed  # the drafter's calls were timed
     fixed = Engine(target, build("dflash", target), payoff_config(2), sps=sps)
     run_engine(fixed, prompts, greedy, join_after=2)
-    assert fixed.payoff.step_times.line.w == 0 and not fixed.payoff.model_costs.observed
+    assert fixed.payoff.step_times.line.w == 0 and not fixed.payoff.model_line.observed
+
+
+def test_the_model_is_never_priced_free_before_a_call_without_a_first_proposal(target, sps):
+    """Calls holding some request's first model proposal (its whole prompt) price the model
+    until a call without one was timed; then only those do."""
+    from dspark.engine.payoff_drafting import MODEL, PayoffDrafting
+
+    from .test_engine_drafters import build
+
+    payoff = PayoffDrafting(build("dflash", target), VOCAB, 4, sps)
+    assert MODEL not in payoff.costs(8).draft_s  # nothing timed yet: the optimistic first try
+    payoff.first_costs.observe(8, 0.080)
+    first = payoff.costs(8).draft_s[MODEL]
+    assert first > 0 and payoff.model_call_s(8) + 8 * first == pytest.approx(0.080)
+    payoff.model_costs.observe(8, 0.008)
+    assert payoff.model_call_s(8) + 8 * payoff.costs(8).draft_s[MODEL] == pytest.approx(0.008)
 
 
 def test_costs_are_priced_on_the_engine_threads_cpu_clock_for_a_one_thread_cpu_target():
