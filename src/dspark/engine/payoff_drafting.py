@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from dspark.drafters.ngram import NgramConfig, NgramDrafter
+from dspark.drafters.request_state import sync_requests
 from dspark.protocols import DraftBlock, Drafter
 from dspark.scheduler import SpsTable
 from dspark.scheduler.payoff import (
@@ -53,6 +54,12 @@ from dspark.scheduler.payoff_batch import (
 from dspark.scheduler.step_times import DecayedLine, DraftCosts, StepTimes, fit_line
 
 POOL_MEMORY = 0.99  # per pooled observation
+# A catch-up (the whole prompt on a request's first model proposal, the skipped rounds on a
+# return) is paid once for the rounds that follow: each round that would pay it is charged
+# its share over this many of the request's next rounds (fewer near its end). Charged whole,
+# it kept requests on which drafting paid from ever drafting (gsm8k, 16 requests: 16 model
+# rounds at 0.97x plain where the probe clock's forced tries drafted 196 at 1.10x).
+CATCH_UP_ROUNDS = 8
 SHADOW_EVERY = 4  # tokens between n-gram lookups while the n-gram does not pay
 
 NGRAM, MODEL = "ngram", "model"
@@ -102,10 +109,11 @@ class PayoffDrafting:
         self.clock = clock  # every cost below is in its seconds
         self.draft_s: dict[str, float] = {}  # EMAs per request: n-gram lookup, model update
         self.model_costs = DraftCosts()  # the model drafter's seconds: per call + per request
-        # ... of calls that held some request's first model proposal (its pass over the whole
-        # prompt): an overestimate, priced with only until a call without one was timed. At
-        # 64 requests almost every early call holds a newcomer, and pricing the model at 0 s
-        # meanwhile made it draft where it lost a third of plain decoding's speed (issue 17).
+        # ... of calls that held some request's first model proposal with its pass over the
+        # whole prompt (a drafter that does not catch up apart, ``sync_context``): an
+        # overestimate, priced with only until a call without one was timed. At 64 requests
+        # almost every early call holds a newcomer, and pricing the model at 0 s meanwhile
+        # made it draft where it lost a third of plain decoding's speed (issue 17).
         self.first_costs = DraftCosts()
         self.model_step_s = 0.0  # the model drafter's seconds in this engine step
         self._split: tuple = (None, (0.0, 0.0))  # (inputs, model_split) of the last call
@@ -115,9 +123,11 @@ class PayoffDrafting:
         self.step_times = StepTimes(sps)
         # A drafter that catches up from ``state.features`` when it proposes (``sync_context``,
         # on itself or its backbone: DFlash, DSpark) is told only about its own rounds.
-        self.sync_context = getattr(self.model, "sync_context", None) or getattr(
-            getattr(self.model, "backbone", None), "sync_context", None
+        sync_net = (
+            self.model if hasattr(self.model, "sync_context") else getattr(self.model, "backbone", None)
         )
+        self.sync_net = sync_net if hasattr(sync_net, "sync_context") else None
+        self.sync_context = self.sync_net.sync_context if self.sync_net is not None else None
         self.lazy_update = self.sync_context is not None
         # Every request's outcomes pooled per proposer, slowly forgotten: the prior a request's
         # own rates shrink to (a new request starts from what the others saw, not from 0.5).
@@ -244,7 +254,7 @@ class PayoffDrafting:
         if self.model is not None:
             model_s: np.ndarray | float = costs.draft_s.get(MODEL, 0.0)
             if MODEL in costs.draft_s and self.sync_line.w:  # + each request's catch-up
-                model_s = model_s + self.catch_up_batch(decoding)
+                model_s = model_s + self.catch_up_charge(decoding)
             caps[MODEL] = budget
             gains[MODEL] = gains_of(MODEL, budget, model_s)
             probe_costs[MODEL] = batch_probe_cost(
@@ -293,6 +303,13 @@ class PayoffDrafting:
                 req.shadow = (len(req.generated), lookups[req.id])  # checked against what it emits
         return choices, lookups
 
+    def catch_up_charge(self, decoding: list) -> np.ndarray:
+        """``[R]``: the seconds of each request's catch-up (:meth:`catch_up_batch`) charged to this
+        round: its share over the next ``CATCH_UP_ROUNDS`` rounds, or over the rounds the request
+        has left (at most two tokens a round) if fewer."""
+        left = np.array([max(r.draft_budget + 1, 1) for r in decoding], dtype=np.float64)  # [R]
+        return self.catch_up_batch(decoding) / np.clip(np.ceil(left / 2), 1, CATCH_UP_ROUNDS)
+
     def catch_up_batch(self, decoding: list) -> np.ndarray:
         """:meth:`catch_up_s` of every request, ``[R]``: the fitted absorption line at each one's
         pending tokens, 0 where none are pending."""
@@ -324,9 +341,10 @@ class PayoffDrafting:
                 req.sync_features()
             if self.lazy_update:  # absorb the pending tokens first, timed apart (``catch_up_s``)
                 for req in by_model:
-                    if req.state.drafter_cache is not None and (n := self.pending(req)):
+                    if n := self.pending(req):
                         started = self.clock()
-                        self.sync_context(req.state)
+                        # a first proposal: the request's cache is made and its whole prompt absorbed
+                        sync_requests(self.sync_net, [req.state], [req.params])
                         elapsed = self.clock() - started
                         self.model_step_s += elapsed
                         if self.fixed_costs is None:
@@ -339,7 +357,7 @@ class PayoffDrafting:
             elapsed = self.clock() - started
             self.model_step_s += elapsed
             if self.fixed_costs is None:  # calls with a first (whole-prompt) proposal apart
-                clean = all(r.payoff.record(MODEL).first_tested > 0 for r in by_model)
+                clean = self.lazy_update or all(r.payoff.record(MODEL).first_tested > 0 for r in by_model)
                 (self.model_costs if clean else self.first_costs).observe(len(by_model), elapsed)
         if by_ngram:
             tokens = torch.zeros(len(by_ngram), K, dtype=torch.long)  # [n, K]

@@ -291,5 +291,30 @@ def test_backbone_drafters_catch_up_lazily_and_the_catch_up_is_priced(target, sp
     assert payoff.catch_up_s(req(40, 20)) == pytest.approx(0.0005 + 20 * 0.00005)
     assert payoff.catch_up_s(req(40, None)) == pytest.approx(0.0005 + 40 * 0.00005)
     assert payoff.catch_up_s(req(40, 40)) == 0.0  # up to date: nothing to absorb
+    # a round is charged its share of the catch-up over the request's next 8 rounds (fewer
+    # near its end: at most two tokens a round)
+    far, near = req(40, 20), req(40, 20)
+    far.draft_budget, near.draft_budget = 100, 3
+    whole = payoff.catch_up_s(far)
+    assert payoff.catch_up_charge([far, near]).tolist() == pytest.approx([whole / 8, whole / 2])
     eager = PayoffDrafting(NoisyOracleDrafter({}, VOCAB), VOCAB, 4, sps)
     assert not eager.lazy_update and eager.pending(req(40, None)) == 0
+
+
+@pytest.mark.parametrize("name", ["dflash", "eagle3"])
+def test_a_lazy_drafters_first_proposal_absorbs_the_prompt_apart(target, sps, name):
+    """A request's first model proposal makes its drafter cache and absorbs its whole prompt
+    before the call, timed on the catch-up line: every call is then a clean one, timed on the
+    model's own line from the first (none lands on the first-proposal line)."""
+    from .test_engine_drafters import build
+
+    prompts = make_prompts(3, seed=9)
+    engine = Engine(
+        target, build(name, target), EngineConfig(max_batch=3, block_size=4, payoff=True), sps=sps
+    )
+    absorbed, observe = [], engine.payoff.sync_line.observe
+    engine.payoff.sync_line.observe = lambda n, s: (absorbed.append(n), observe(n, s))
+    run_engine(engine, prompts, [SamplingParams(temperature=0.0, max_tokens=10)] * 3, join_after=3)
+    payoff = engine.payoff
+    assert payoff.model_costs.observed and not payoff.first_costs.observed
+    assert max(absorbed) >= min(len(p) for p in prompts) - 1  # a whole prompt, on the catch-up line

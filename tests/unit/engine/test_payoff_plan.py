@@ -46,7 +46,7 @@ def reference_plan(payoff: PayoffDrafting, decoding: list[Request], K: int):
             lookups[req.id] = [] if skip else lookup(np.asarray(req.state.token_ids), n, c.min_n, c.max_n)
         own = costs
         if payoff.model is not None and MODEL in costs.draft_s and payoff.sync_line.w:
-            d = costs.draft_s[MODEL] + payoff.catch_up_s(req)
+            d = costs.draft_s[MODEL] + float(payoff.catch_up_charge([req])[0])
             own = RoundCosts(
                 verify_s=costs.verify_s, tokens_per_s=costs.tokens_per_s, draft_s={**costs.draft_s, MODEL: d}
             )
