@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Train the shipped tiny drafters (DFlash, DSpark, Eagle3) for the embedded tiny target with
-# equal budgets (same steps, batch, anchors, learning rate, data), then copy them in bf16
-# into the package (src/dspark/assets/drafters/<method>).
+# The first shipped tiny drafters' recipe (300 steps, BENCHMARKS.md "Shipped tiny drafters"):
+# DFlash, DSpark and Eagle3 for the embedded tiny target with equal budgets (same steps,
+# batch, anchors, learning rate, data), copied in bf16 into the package
+# (src/dspark/assets/drafters/tiny/<method>). The drafters shipped today are the converged
+# ones of `dspark campaign` (then scripts/ship_drafters.py); this script is the short recipe
+# for comparison, and its copies overwrite them: commit only on purpose.
 # Usage: scripts/ship_tiny_drafters.sh [STEPS]
 # The three trainings run side by side, one torch thread each; wall times go to
 # runs/tiny-drafters/wall_times.txt.
@@ -18,7 +21,7 @@ train() {
     --save-every 100 --eval-every 100 --seed 0 > "$RUNS/$method.log" 2>&1
   echo "$method $(( $(date +%s) - start )) s" >> "$RUNS/wall_times.txt"
   python -c "import torch; from dspark.drafters.folder import convert_folder; \
-convert_folder('$RUNS/$method/drafter', 'src/dspark/assets/drafters/$method', torch.bfloat16)"
+convert_folder('$RUNS/$method/drafter', 'src/dspark/assets/drafters/tiny/$method', torch.bfloat16)"
 }
 for method in dflash dspark eagle3; do train "$method" & done
 wait
