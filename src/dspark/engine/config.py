@@ -64,8 +64,8 @@ class EngineStats:
     cost_unprofitable: int = 0
     # payoff control: rounds drafted by each proposer (the others decoded plainly)
     ngram_rounds: int = 0
-    model_rounds: int = 0  # ... of which probes (a short verification while the model does not pay):
-    model_probes: int = 0
+    model_rounds: int = 0
+    model_probes: int = 0  # model rounds that were probes (a short verification while it does not pay)
 
     @property
     def overhead_share(self) -> float:

@@ -127,8 +127,7 @@ class PayoffDrafting:
             self.model if hasattr(self.model, "sync_context") else getattr(self.model, "backbone", None)
         )
         self.sync_net = sync_net if hasattr(sync_net, "sync_context") else None
-        self.sync_context = self.sync_net.sync_context if self.sync_net is not None else None
-        self.lazy_update = self.sync_context is not None
+        self.lazy_update = self.sync_net is not None
         # Every request's outcomes pooled per proposer, slowly forgotten: the prior a request's
         # own rates shrink to (a new request starts from what the others saw, not from 0.5).
         self.pooled: dict[str, AcceptanceRecord] = {}
@@ -343,7 +342,7 @@ class PayoffDrafting:
                 for req in by_model:
                     if n := self.pending(req):
                         started = self.clock()
-                        # a first proposal: the request's cache is made and its whole prompt absorbed
+                        # makes a first proposal's cache too, so its whole-prompt pass lands here
                         sync_requests(self.sync_net, [req.state], [req.params])
                         elapsed = self.clock() - started
                         self.model_step_s += elapsed
