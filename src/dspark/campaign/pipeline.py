@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -169,30 +170,49 @@ class Campaign:
             key["prompt_source"] = p.prompt_source
         answers = self.out / "data" / "answers.jsonl"
         errors = answers.with_name("answers.errors.jsonl")
+        claims = answers.with_name("answers.jsonl.claims")
 
-        def run() -> dict[str, Any]:
+        def answer(*, wait_for_others: bool):
+            # Every campaign process on this folder answers the prompts together, each
+            # prompt once: the one running the stage until all are answered, the others
+            # while any is left that nobody is answering (then they wait for the stage).
             from dspark.data.regenerate import InProcessBackend, RegenerateConfig, regenerate
             from dspark.protocols import SamplingParams
 
-            prompts = training_prompts(p)
             params = SamplingParams(
                 temperature=p.regen_temperature, max_tokens=p.regen_max_tokens, seed=p.seed
             )
             backend = InProcessBackend(self.target, max_batch=p.regen_batch, max_seq_len=p.max_length)
-            config = RegenerateConfig(concurrency=p.regen_batch, progress=self.progress)
-            summary = regenerate(prompts, backend, answers, errors, params, config)
-            if summary.failed > 0.01 * summary.total:
-                raise DsparkError(f"{summary.failed} prompts failed (reasons in {errors}); rerun to retry")
+            config = RegenerateConfig(
+                concurrency=p.regen_batch,
+                progress=self.progress,
+                shared=True,
+                wait_for_others=wait_for_others,
+            )
+            return regenerate(training_prompts(p), backend, answers, errors, params, config)
+
+        def run() -> dict[str, Any]:
+            from dspark.data.records import read_jsonl
+
+            summary = answer(wait_for_others=True)
+            shutil.rmtree(claims, ignore_errors=True)
+            records = read_jsonl(answers, log=True)
+            failed = summary.total - len({r.get("id") for r in records})  # by whichever process
+            if failed > 0.01 * summary.total:
+                raise DsparkError(f"{failed} prompts failed (reasons in {errors}); rerun to retry")
             return {
                 "prompts": summary.total,
-                "failed": summary.failed + summary.skipped,
-                "completion_tokens": summary.completion_tokens,
-                "tokens_per_s": round(summary.tokens_per_s, 1),
+                "failed": failed,
+                "completion_tokens": sum(sum(n or 0 for n in r["num_tokens"]) for r in records),
+                "tokens_per_s": round(summary.tokens_per_s, 1),  # this process's, in its last run
                 "answers": str(answers.relative_to(self.out)),
                 "data_id": _sha(answers),
             }
 
-        return self.stages.run("regenerate", key, run, outputs=(answers, errors))
+        if self.stages.done("regenerate", key) is None and self.stages.running_with("regenerate", key):
+            self.stages.announce("… regenerate: another process is running it; answering beside it")
+            answer(wait_for_others=False)
+        return self.stages.run("regenerate", key, run, outputs=(answers, errors, claims))
 
     # -- 2. the feature cache ------------------------------------------------------------------
 

@@ -6,12 +6,16 @@ worst one incomplete last line. :func:`read_jsonl` with ``log=True`` drops (and 
 line, so a restarted run appends after the last complete record: no duplicate, no loss.
 One run at a time writes a log: :class:`WriterLock` (an advisory ``flock`` on a lock file
 beside it, released by the kernel even when the holder is killed) makes a second refuse.
+Runs that cooperate on one log (several processes answering one prompt set) share that
+lock instead and divide the work with :class:`Claims`; each follows what the others
+append with :class:`LogTail`.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -115,19 +119,32 @@ class JsonlAppender:
 
 
 class WriterLock:
-    """Exclusive right to append to ``path``: a second holder gets a :class:`DsparkError` at once."""
+    """Exclusive right to append to ``path``: a second holder gets a :class:`DsparkError` at once.
 
-    def __init__(self, path: str | Path, what: str = "another run") -> None:
+    ``shared=True``: the right to append beside other cooperating writers (each dividing
+    the work with :class:`Claims`); refused while an exclusive writer holds it, and the
+    other way round.
+    """
+
+    def __init__(self, path: str | Path, what: str = "another run", *, shared: bool = False) -> None:
         self.path = Path(path)
         self.lock_path = self.path.with_name(self.path.name + ".lock")
         self.what = what
+        self.shared = shared
+        self.alone = True  # shared: no other writer held it when this one took it
         self._fd = -1
 
     def __enter__(self) -> WriterLock:
         self.lock_path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if self.shared:  # first taking it whole says whether any other writer is there
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    self.alone = True
+                except OSError:
+                    self.alone = False
+            fcntl.flock(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except OSError as e:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
             os.close(fd)
@@ -137,8 +154,9 @@ class WriterLock:
                 f"{self.what} (pid {holder or '?'}) is writing {self.path}; wait for it to finish, "
                 "or write to another file"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        if not self.shared:  # cooperating writers leave the pid of none of them
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
         return self
 
@@ -147,3 +165,82 @@ class WriterLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = -1
+
+
+class Claims:
+    """Which of several cooperating processes works on which key.
+
+    A claim is an ``flock`` on ``<root>/<digest of the key>``, held while the key is worked
+    on. The kernel releases it when the holder dies, so a killed process's keys are free
+    again at once; nothing has to be cleaned up for that. Files are never removed while
+    the work goes on (removing one could let two processes lock two different files for
+    the same key); whoever finishes the whole set may remove the folder.
+
+    Releasing a claim does not say the key is done: a taker checks its own record of
+    what is done after :meth:`take` succeeds (the holder writes its result before it
+    releases, so that check sees it).
+    """
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._held: dict[str, int] = {}
+
+    def _file(self, key: str) -> Path:
+        return self.root / hashlib.sha256(key.encode()).hexdigest()[:32]
+
+    def take(self, key: str) -> bool:
+        """Claim ``key``: False at once when another holder has it."""
+        if key in self._held:
+            return True
+        fd = os.open(self._file(key), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+                raise
+            return False
+        self._held[key] = fd
+        return True
+
+    def release(self, key: str) -> None:
+        fd = self._held.pop(key, -1)
+        if fd >= 0:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def close(self) -> None:
+        for key in list(self._held):
+            self.release(key)
+
+
+class LogTail:
+    """The records appended to a :class:`JsonlAppender` log since the last :meth:`read`.
+
+    Reads only new bytes and only complete lines (a line another process is writing is
+    read next time); never repairs the file, which other writers may be appending to.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.offset = 0
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        records = []
+        for line in data[:end].split(b"\n"):
+            if line.strip():
+                record, problem = _decode(line)
+                if problem is None:
+                    records.append(record)
+                else:
+                    logger.warning("%s: skipping a corrupt record (%s)", self.path, problem)
+        return records

@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 
 from dspark.data.chat import Messages, chat_prompt_ids
 from dspark.data.prompts import Prompt, dedup_prompts
-from dspark.data.records import JsonlAppender, WriterLock, read_jsonl
+from dspark.data.records import Claims, JsonlAppender, LogTail, WriterLock, read_jsonl
 from dspark.engine.engine import Engine, EngineConfig
 from dspark.engine.worker import EngineDeadError, EngineWorker
 from dspark.errors import DsparkError
@@ -160,6 +160,12 @@ class RegenerateConfig:
     concurrency: int = 1  # prompts in flight at once (capped by the backend's max_concurrency)
     system: str | None = None  # system message for prompts that have none
     progress: bool = True
+    # Several runs (processes) answer the same prompts into the same output together,
+    # each prompt once. A run that waits returns only when every prompt is settled; one
+    # that does not returns when none is left that another run is not answering.
+    shared: bool = False
+    wait_for_others: bool = True
+    poll_s: float = 2.0  # shared, waiting: how often to look again
 
 
 @dataclass
@@ -250,20 +256,61 @@ async def regenerate_async(
     """Answer every prompt not yet in ``out_path``; append records and failures as they come.
 
     One run at a time per ``out_path``: a second one refuses (:class:`WriterLock`), else
-    both would answer every prompt and write it twice.
+    both would answer every prompt and write it twice. With ``config.shared`` several
+    runs answer one prompt set together, each prompt once (:class:`_Cooperation`).
     """
-    lock = WriterLock(out_path, "another regeneration")
+    lock = WriterLock(out_path, "another regeneration", shared=config.shared)
     try:
         lock.__enter__()
     except DsparkError:
         await backend.aclose()
         raise
     try:
+        if config.shared and lock.alone:  # no other writer: a dead one's cut line can go
+            read_jsonl(out_path, log=True)
+            read_jsonl(errors_path, log=True)
         return await _regenerate_locked(
             dedup_prompts(prompts), backend, out_path, errors_path, params, config
         )
     finally:
         lock.__exit__()
+
+
+class _Cooperation:
+    """What the other runs sharing one output do: their records, failures and claims.
+
+    A prompt is *settled* for this run when it is answered, failed permanently before the
+    run, or failed in any run since this one started (failures are retried by a rerun,
+    as in an exclusive run). A run answers a prompt only while it holds its claim.
+    """
+
+    def __init__(self, out_path: Path, errors_path: Path) -> None:
+        self.answers, self.errors = LogTail(out_path), LogTail(errors_path)
+        self.claims = Claims(out_path.with_name(out_path.name + ".claims"))
+        self.done: set[str] = {r.get("id") for r in self.answers.read()}
+        failures = self.errors.read()
+        self.permanent = {e.get("id") for e in failures if not e.get("retryable", True)} - self.done
+        self.failed_since: set[str] = set()
+
+    def refresh(self) -> set[str]:
+        """Read what the others appended; the keys newly answered."""
+        new = {r.get("id") for r in self.answers.read()} - self.done
+        self.done |= new
+        self.failed_since |= {e.get("id") for e in self.errors.read()}
+        return new
+
+    def settled(self, key: str) -> bool:
+        return key in self.done or key in self.permanent or key in self.failed_since
+
+    def claim(self, key: str) -> bool:
+        """Take ``key`` to answer it: False when it is settled or another run is on it."""
+        if self.settled(key) or not self.claims.take(key):
+            return False
+        self.refresh()  # its last holder writes before it lets go: this sees that record
+        if self.settled(key):
+            self.claims.release(key)
+            return False
+        return True
 
 
 async def _regenerate_locked(
@@ -274,9 +321,13 @@ async def _regenerate_locked(
     params: SamplingParams,
     config: RegenerateConfig,
 ) -> RegenerateSummary:
-    done_ids = {r.get("id") for r in read_jsonl(out_path, log=True)}
-    errors = read_jsonl(errors_path, log=True)
-    permanent = {e.get("id") for e in errors if not e.get("retryable", True)} - done_ids
+    shared = _Cooperation(Path(out_path), Path(errors_path)) if config.shared else None
+    if shared is None:
+        done_ids = {r.get("id") for r in read_jsonl(out_path, log=True)}
+        errors = read_jsonl(errors_path, log=True)
+        permanent = {e.get("id") for e in errors if not e.get("retryable", True)} - done_ids
+    else:
+        done_ids, permanent = shared.done, shared.permanent
     todo = [p for p in prompts if p.key not in done_ids and p.key not in permanent]
     resumed = sum(p.key in done_ids for p in prompts)
     skipped = sum(p.key in permanent for p in prompts)
@@ -287,13 +338,18 @@ async def _regenerate_locked(
     queue: asyncio.Queue[Prompt] = asyncio.Queue()
     for p in todo:
         queue.put_nowait(p)
-    counts = {"done": 0, "failed": 0, "tokens": 0}
+    counts = {"done": 0, "failed": 0, "tokens": 0, "claimed": 0}
+    keys = {p.key for p in prompts}
     bar = tqdm(total=len(prompts), initial=resumed + skipped, unit="prompt", disable=not config.progress)
     started = time.perf_counter()
 
     async def worker(out: JsonlAppender, errors: JsonlAppender) -> None:
         while not queue.empty():
             prompt = queue.get_nowait()
+            if shared is not None:
+                if not shared.claim(prompt.key):
+                    continue
+                counts["claimed"] += 1
             try:
                 record = await answer_prompt(backend, prompt, params, config)
             except AnswerError as e:
@@ -312,15 +368,40 @@ async def _regenerate_locked(
                 out.append(record)
                 counts["done"] += 1
                 counts["tokens"] += sum(n or 0 for n in record["num_tokens"])
-            bar.update(1)
+            finally:
+                if shared is not None:
+                    shared.claims.release(prompt.key)
+            if shared is None:
+                bar.update(1)
+            else:  # every run's answers count
+                shared.refresh()
+                bar.update(sum(shared.settled(k) for k in keys) - bar.n)
             bar.set_postfix(failed=counts["failed"], refresh=False)
 
     try:
         with JsonlAppender(out_path) as out, JsonlAppender(errors_path) as errors:
-            await asyncio.gather(*(worker(out, errors) for _ in range(workers)))
+            while True:
+                claimed_before = counts["claimed"]
+                await asyncio.gather(*(worker(out, errors) for _ in range(workers)))
+                if shared is None:
+                    break
+                # The queue is empty. Prompts other runs held may be free again now (a
+                # killed run's claims are), or still being answered.
+                shared.refresh()
+                left = [p for p in prompts if not shared.settled(p.key)]
+                if not left:
+                    break
+                if counts["claimed"] == claimed_before:  # this pass found every one held
+                    if not config.wait_for_others:
+                        break
+                    await asyncio.sleep(config.poll_s)
+                for p in left:
+                    queue.put_nowait(p)
     finally:
         bar.close()
         await backend.aclose()
+        if shared is not None:
+            shared.claims.close()
     return RegenerateSummary(
         total=len(prompts),
         resumed=resumed,

@@ -74,6 +74,29 @@ class Stages:
         with self._lock(name):
             return self._run(name, key, fn, outputs)
 
+    def running_with(self, name: str, key: dict[str, Any]) -> bool:
+        """Whether another process is running ``name`` now, started with ``key``.
+
+        A stage whose work can be shared (the campaign's regeneration) lets a process
+        that finds it so help instead of only waiting.
+        """
+        path = self.marker(name).with_suffix(".lock")
+        started = self.marker(name).with_suffix(".started.json")
+        if not path.is_file():
+            return False
+        with open(path, "a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pass  # held: running
+            else:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+                return False
+        try:
+            return json.loads(started.read_text()) == json.loads(json.dumps(key))
+        except (OSError, json.JSONDecodeError):
+            return False
+
     @contextlib.contextmanager
     def _lock(self, name: str) -> Iterator[None]:
         """Hold ``stages/<name>.lock``; while another process holds it, say so and wait."""

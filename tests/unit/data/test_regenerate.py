@@ -1,10 +1,15 @@
 import asyncio
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
 
 import pytest
 import torch
 
 from dspark.data.prompts import Prompt
-from dspark.data.records import JsonlAppender, read_jsonl
+from dspark.data.records import Claims, JsonlAppender, LogTail, WriterLock, read_jsonl
 from dspark.data.regenerate import (
     Answer,
     AnswerError,
@@ -15,6 +20,7 @@ from dspark.data.regenerate import (
     regenerate,
 )
 from dspark.decoding import speculative_generate
+from dspark.errors import DsparkError
 from dspark.protocols import SamplingParams
 
 PARAMS = SamplingParams(temperature=0.7, max_tokens=5, seed=11)
@@ -161,6 +167,110 @@ def test_appends_are_whole_lines_under_concurrency(tmp_path):
         for i in range(200):
             (a if i % 2 else b).append({"i": i, "pad": "x" * (i * 37 % 5000)})
     assert sorted(r["i"] for r in read_jsonl(path, log=True)) == list(range(200))
+
+
+# -- several runs on one output (the campaign's processes) --------------------------------------
+
+SHARED = RegenerateConfig(concurrency=3, progress=False, shared=True, poll_s=0.02)
+
+
+def _in_thread(fn):
+    box = {}
+    thread = threading.Thread(target=lambda: box.setdefault("result", fn()))
+    thread.start()
+    return thread, box
+
+
+def test_shared_runs_answer_each_prompt_once(tmp_path):
+    prompts = [Prompt((f"p{i}",)) for i in range(40)]
+    out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
+    backends = [ScriptedBackend(), ScriptedBackend()]
+    runs = [
+        _in_thread(lambda b=b, wait=wait: regenerate(
+            prompts, b, out, err, PARAMS, replace(SHARED, wait_for_others=wait)
+        ))
+        for b, wait in zip(backends, (True, False), strict=True)
+    ]  # fmt: skip
+    for thread, _ in runs:
+        thread.join(timeout=30)
+    ids = [r["id"] for r in read_jsonl(out, log=True)]
+    assert sorted(ids) == sorted(p.key for p in prompts)  # every prompt, none twice
+    answered = [len(b.calls) for b in backends]
+    assert sum(answered) == 40 and min(answered) > 0  # each did a part of it
+    assert sum(box["result"].done for _, box in runs) == 40
+
+
+def test_a_waiting_run_takes_over_what_a_dead_run_held(tmp_path):
+    prompts = [Prompt((f"p{i}",)) for i in range(6)]
+    out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
+    other = Claims(tmp_path / "out.jsonl.claims")  # another run, answering p0
+    assert other.take(prompts[0].key)
+
+    helper = regenerate(prompts, ScriptedBackend(), out, err, PARAMS, replace(SHARED, wait_for_others=False))
+    assert helper.done == 5  # it leaves p0 to its holder and returns
+    backend = ScriptedBackend()
+    thread, box = _in_thread(lambda: regenerate(prompts, backend, out, err, PARAMS, SHARED))
+    time.sleep(0.2)
+    assert thread.is_alive() and backend.calls == []  # waits while p0 is held
+    other.close()  # the holder dies without an answer
+    thread.join(timeout=10)
+    assert box["result"].done == 1 and [m[-1]["content"] for m, _ in backend.calls] == ["p0"]
+    assert sorted(r["id"] for r in read_jsonl(out, log=True)) == sorted(p.key for p in prompts)
+
+
+def test_a_shared_run_does_not_retry_what_failed_beside_it(tmp_path):
+    prompts = [Prompt((f"p{i}",)) for i in range(4)]
+    out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
+    regenerate(prompts[:1], ScriptedBackend(fail={"p0"}), out, err, PARAMS, SHARED)
+    # p0 failed before this run began: retried; a failure during the run settles it
+    backend = ScriptedBackend(fail={"p0", "p1"})
+    summary = regenerate(prompts, backend, out, err, PARAMS, SHARED)
+    assert (summary.done, summary.failed) == (2, 2)
+    assert sorted(m[-1]["content"] for m, _ in backend.calls) == ["p0", "p1", "p2", "p3"]
+
+
+def test_shared_and_exclusive_writers_refuse_each_other(tmp_path):
+    prompts = [Prompt(("p",))]
+    out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
+    with WriterLock(out), pytest.raises(DsparkError, match="is writing"):
+        regenerate(prompts, ScriptedBackend(), out, err, PARAMS, SHARED)
+    with WriterLock(out, shared=True) as first:
+        assert first.alone
+        with WriterLock(out, shared=True) as second:
+            assert not second.alone
+        with pytest.raises(DsparkError, match="is writing"):
+            regenerate(prompts, ScriptedBackend(), out, err, PARAMS, QUIET)
+
+
+def test_a_killed_processs_claims_are_free_at_once(tmp_path):
+    code = (
+        "import sys, time; from dspark.data.records import Claims; "
+        "c = Claims(sys.argv[1]); assert c.take('k'); print('held', flush=True); time.sleep(60)"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "held"
+        mine = Claims(tmp_path)
+        assert not mine.take("k") and mine.take("other")
+        child.kill()
+        child.wait(timeout=10)
+        assert mine.take("k")
+    finally:
+        child.kill()
+
+
+def test_log_tail_reads_only_complete_new_lines(tmp_path):
+    path = tmp_path / "log.jsonl"
+    tail = LogTail(path)
+    assert tail.read() == []
+    with JsonlAppender(path) as a:
+        a.append({"i": 1})
+    with open(path, "ab") as f:
+        f.write(b'{"i": 2')  # another writer, mid-line
+    assert tail.read() == [{"i": 1}]
+    with open(path, "ab") as f:
+        f.write(b"}\n")
+    assert tail.read() == [{"i": 2}] and tail.read() == []
 
 
 # -- in-process backend on a real (tiny, random) chat target -----------------------------------

@@ -107,3 +107,14 @@ def test_a_second_process_waits_for_a_running_stage_and_then_skips_it(tmp_path):
     waiter.join(30)
     assert first.exitcode == 0
     assert result["summary"] == {"by": "first"} and calls == []  # found done, not run twice
+
+
+def test_running_with_sees_another_process_running_the_same_stage(tmp_path):
+    seen = []
+    stages, other = _stages(tmp_path), _stages(tmp_path)
+    assert not other.running_with("a", {"n": 1})  # never started
+    stages.run("a", {"n": 1}, lambda: seen.append(
+        (other.running_with("a", {"n": 1}), other.running_with("a", {"n": 2}))
+    ) or {})  # fmt: skip
+    assert seen == [(True, False)]  # running, and only with the key it was started with
+    assert not other.running_with("a", {"n": 1})  # finished: nobody holds it
