@@ -285,3 +285,74 @@ def test_train_cli_uses_a_matching_cache_and_refuses_another(
         )
     assert e.value.code == 2
     assert "built from other data" in capsys.readouterr().err
+
+
+# -- built piece by piece (the campaign's cache): resumable, shared ---------------------------------
+
+
+class _Counting:
+    """The target, counting its forwards; raises (a kill) after ``crash_after`` of them."""
+
+    def __init__(self, target, crash_after=None):
+        self._target, self.calls, self.crash_after = target, 0, crash_after
+
+    def __getattr__(self, name):
+        return getattr(self._target, name)
+
+    def forward(self, *args, **kwargs):
+        if self.crash_after is not None and self.calls >= self.crash_after:
+            raise KeyboardInterrupt
+        self.calls += 1
+        return self._target.forward(*args, **kwargs)
+
+
+FP32 = CacheBuildConfig(dtype="fp32", progress=False, check_disk=False)
+
+
+def _same_samples(a_root, b_root):
+    a, b = FeatureCache.open(a_root), FeatureCache.open(b_root)
+    assert a.manifest["data"] == b.manifest["data"]
+    for i in range(len(a)):
+        x, y = a.sample(i), b.sample(i)
+        assert torch.equal(x.input_ids, y.input_ids) and torch.equal(x.features, y.features)
+        assert torch.equal(x.hidden, y.hidden) and torch.equal(x.loss_mask, y.loss_mask)
+
+
+def test_pieces_build_the_same_cache_and_resume_after_a_kill(target, records, fp32_cache, tmp_path):
+    from dspark.data.cache_pieces import build_cache_in_pieces
+
+    root = tmp_path / "pieces"
+    crashing = _Counting(target, crash_after=7)  # killed in the second piece of 5 samples
+    with pytest.raises(KeyboardInterrupt):
+        build_cache_in_pieces(crashing, records, root, FP32, piece_samples=5)
+    resumed = _Counting(target)
+    manifest = build_cache_in_pieces(resumed, records, root, FP32, piece_samples=5)
+    assert resumed.calls == 12 - 5  # the first piece was kept, the cut one written again
+    assert manifest["pieces"] == 3 and len(manifest["shards"]) == 3
+    _same_samples(root, fp32_cache)  # bit for bit the one-go build
+    again = _Counting(target)
+    assert build_cache_in_pieces(again, records, root, FP32, piece_samples=5) == manifest
+    assert again.calls == 0
+
+    other = _Counting(target)  # other records in the same folder: cleared and built anew
+    build_cache_in_pieces(other, records[:4], root, FP32, piece_samples=5)
+    assert other.calls == 4 and len(FeatureCache.open(root)) == 4
+
+
+def test_pieces_are_shared_between_processes(target, records, fp32_cache, tmp_path):
+    from dspark.data.cache_pieces import build_cache_in_pieces
+    from dspark.data.records import Claims
+
+    root = tmp_path / "shared"
+    with pytest.raises(KeyboardInterrupt):  # lays the folder out, writes nothing
+        build_cache_in_pieces(_Counting(target, crash_after=0), records, root, FP32, piece_samples=5)
+    other = Claims(root / "claims")  # another process, writing piece 0
+    assert other.take("0")
+    helper = _Counting(target)
+    assert build_cache_in_pieces(helper, records, root, FP32, piece_samples=5, wait_for_others=False) is None
+    assert helper.calls == 12 - 5  # the two pieces nobody held
+    other.close()  # that process dies: its piece is free
+    owner = _Counting(target)
+    build_cache_in_pieces(owner, records, root, FP32, piece_samples=5, poll_s=0.01)
+    assert owner.calls == 5
+    _same_samples(root, fp32_cache)

@@ -195,7 +195,6 @@ class Campaign:
             from dspark.data.records import read_jsonl
 
             summary = answer(wait_for_others=True)
-            shutil.rmtree(claims, ignore_errors=True)
             records = read_jsonl(answers, log=True)
             failed = summary.total - len({r.get("id") for r in records})  # by whichever process
             if failed > 0.01 * summary.total:
@@ -212,7 +211,9 @@ class Campaign:
         if self.stages.done("regenerate", key) is None and self.stages.running_with("regenerate", key):
             self.stages.announce("… regenerate: another process is running it; answering beside it")
             answer(wait_for_others=False)
-        return self.stages.run("regenerate", key, run, outputs=(answers, errors, claims))
+        summary = self.stages.run("regenerate", key, run, outputs=(answers, errors, claims))
+        shutil.rmtree(claims, ignore_errors=True)  # a late helper may have made it again
+        return summary
 
     # -- 2. the feature cache ------------------------------------------------------------------
 
@@ -221,14 +222,19 @@ class Campaign:
         key = {"target": self.target_id, "data": data["data_id"]} | p.part("cache_dtype", "max_length")
         root = self.out / "cache"
 
-        def run() -> dict[str, Any]:
-            from dspark.data.cache_build import CacheBuildConfig, build_cache
+        def build(*, wait_for_others: bool) -> dict[str, Any] | None:
+            # Piece by piece: a kill loses at most the piece in flight, and every campaign
+            # process on this folder writes the pieces nobody else holds.
+            from dspark.data.cache_build import CacheBuildConfig
+            from dspark.data.cache_pieces import build_cache_in_pieces
             from dspark.data.records import read_jsonl
 
-            config = CacheBuildConfig(
-                dtype=p.cache_dtype, max_length=p.max_length, overwrite=True, progress=self.progress
-            )
-            manifest = build_cache(self.target, read_jsonl(self.out / data["answers"]), root, config)
+            config = CacheBuildConfig(dtype=p.cache_dtype, max_length=p.max_length, progress=self.progress)
+            records = read_jsonl(self.out / data["answers"])
+            return build_cache_in_pieces(self.target, records, root, config, wait_for_others=wait_for_others)
+
+        def run() -> dict[str, Any]:
+            manifest = build(wait_for_others=True)
             return {
                 "samples": manifest["data"]["num_samples"],
                 "tokens": manifest["data"]["num_tokens"],
@@ -237,6 +243,9 @@ class Campaign:
                 "cache_id": manifest["data"]["fingerprint"][:16],
             }
 
+        if self.stages.done("cache", key) is None and self.stages.running_with("cache", key):
+            self.stages.announce("… cache: another process is running it; writing pieces beside it")
+            build(wait_for_others=False)
         return self.stages.run("cache", key, run, outputs=(root,))
 
     # -- 3. training, equal budgets --------------------------------------------------------------

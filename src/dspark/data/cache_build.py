@@ -146,6 +146,86 @@ def _merge(
     return manifest
 
 
+@dataclass
+class CacheJob:
+    """What a build writes: the records tokenized as training does, their lengths, the estimate."""
+
+    records: list[Mapping[str, Any]]
+    dataset: Any  # dspark.data.samples.TokenizedDataset
+    lengths: list[int]
+    estimate: CacheEstimate
+    config: CacheBuildConfig
+
+    @classmethod
+    def prepare(
+        cls,
+        target,
+        records: Iterable[Mapping[str, Any]],
+        root: Path,
+        config: CacheBuildConfig,
+        *,
+        show: bool = True,
+        announce: Callable[[CacheEstimate], None] | None = None,
+    ) -> CacheJob:
+        """Tokenize, estimate the size (to ``announce`` when ``show``) and check the disk."""
+        from dspark.data.samples import tokenize_records
+
+        records = list(records)
+        dataset = tokenize_records(
+            records, target.tokenizer, max_length=config.max_length, template_kwargs=config.template_kwargs
+        )
+        lengths = [s.input_ids.numel() for s in dataset]
+        layers = len(target.target_layer_ids)
+        estimate = estimate_cache(target.hidden_size, layers, config.dtype, sum(lengths))
+        if show:
+            log.info("feature cache estimate: %s", estimate.describe().replace("\n", "; "))
+            if announce is not None:
+                announce(estimate)
+        if config.check_disk:
+            check_disk(root, estimate.total_bytes)
+        return cls(records, dataset, lengths, estimate, config)
+
+    def write(self, target, samples: Iterable[int], writer: ShardWriter, bar) -> None:
+        """Run the target over ``samples`` one at a time (batch 1) into ``writer``; closes it."""
+        for i in samples:
+            sample = self.dataset[i]
+            ids = sample.input_ids[None].to(target.device)
+            out = target.forward(ids, target.new_cache(), with_features=True)
+            data = encode_sample(
+                sample.input_ids, sample.loss_mask, out.features[0], out.hidden[0], self.config.dtype
+            )
+            writer.add(i, data, self.lengths[i])
+            bar.update(self.lengths[i])
+        writer.close()
+
+    def records_sha256(self) -> str:
+        text = json.dumps(self.records, sort_keys=True, ensure_ascii=False)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def header(self, target, source: str, *, world_size: int, seconds: float) -> dict[str, Any]:
+        """The manifest without its index and shards."""
+        config = self.config
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "dtype": config.dtype,
+            "target": target_identity(target),
+            "template": template_identity(target.tokenizer, config.template_kwargs, config.max_length),
+            "data": {
+                "source": source,
+                "records_sha256": self.records_sha256(),
+                "num_samples": len(self.dataset),
+                "num_tokens": sum(self.lengths),
+                "num_supervised_tokens": int(sum(int(s.loss_mask.sum()) for s in self.dataset)),
+                "fingerprint": self.dataset.fingerprint,
+            },
+            "pad_token_id": target.tokenizer.pad_token_id,
+            "estimate": self.estimate.as_dict(),
+            "world_size": world_size,
+            "build_seconds": round(seconds, 3),
+        }
+
+
 def build_cache(
     target,
     records: Iterable[Mapping[str, Any]],
@@ -164,24 +244,10 @@ def build_cache(
     call this with the same arguments. Returns the manifest (on every rank).
     """
     from dspark import distributed
-    from dspark.data.samples import tokenize_records
 
     world = world or distributed.current_world(target.device)
     root = Path(out_dir)
-    records = list(records)
-    dataset = tokenize_records(
-        records, target.tokenizer, max_length=config.max_length, template_kwargs=config.template_kwargs
-    )
-    lengths = [s.input_ids.numel() for s in dataset]
-    estimate: CacheEstimate = estimate_cache(
-        target.hidden_size, len(target.target_layer_ids), config.dtype, sum(lengths)
-    )
-    if world.is_main:
-        log.info("feature cache estimate: %s", estimate.describe().replace("\n", "; "))
-        if announce is not None:
-            announce(estimate)
-    if config.check_disk:
-        check_disk(root, estimate.total_bytes)
+    job = CacheJob.prepare(target, records, root, config, show=world.is_main, announce=announce)
     if world.is_main:
         _prepare_folder(root, config.overwrite)
         _clear_folder(root)
@@ -189,41 +255,15 @@ def build_cache(
 
     started = time.perf_counter()
     writer = ShardWriter(root, world.rank, config.shard_bytes)
-    mine = range(world.rank, len(dataset), world.world_size)
+    mine = range(world.rank, len(job.dataset), world.world_size)
     bar = tqdm(
-        total=sum(lengths[i] for i in mine), unit="tok", disable=not (config.progress and world.is_main)
+        total=sum(job.lengths[i] for i in mine), unit="tok", disable=not (config.progress and world.is_main)
     )
-    for i in mine:
-        sample = dataset[i]
-        out = target.forward(sample.input_ids[None].to(target.device), target.new_cache(), with_features=True)
-        data = encode_sample(sample.input_ids, sample.loss_mask, out.features[0], out.hidden[0], config.dtype)
-        writer.add(i, data, lengths[i])
-        bar.update(lengths[i])
-    writer.close()
+    job.write(target, mine, writer, bar)
     bar.close()
 
     parts = distributed.all_gather_objects({"shards": writer.shards, "placements": writer.placements})
-    header = {
-        "format": FORMAT,
-        "version": VERSION,
-        "dtype": config.dtype,
-        "target": target_identity(target),
-        "template": template_identity(target.tokenizer, config.template_kwargs, config.max_length),
-        "data": {
-            "source": source,
-            "records_sha256": hashlib.sha256(
-                json.dumps(records, sort_keys=True, ensure_ascii=False).encode()
-            ).hexdigest(),
-            "num_samples": len(dataset),
-            "num_tokens": sum(lengths),
-            "num_supervised_tokens": int(sum(int(s.loss_mask.sum()) for s in dataset)),
-            "fingerprint": dataset.fingerprint,
-        },
-        "pad_token_id": target.tokenizer.pad_token_id,
-        "estimate": estimate.as_dict(),
-        "world_size": world.world_size,
-        "build_seconds": round(time.perf_counter() - started, 3),
-    }
-    manifest = _merge(root, parts, len(dataset), header) if world.is_main else None
+    header = job.header(target, source, world_size=world.world_size, seconds=time.perf_counter() - started)
+    manifest = _merge(root, parts, len(job.dataset), header) if world.is_main else None
     distributed.barrier()  # every rank returns once the manifest exists
     return manifest if manifest is not None else json.loads((root / MANIFEST).read_text())

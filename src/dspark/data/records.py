@@ -193,7 +193,11 @@ class Claims:
         """Claim ``key``: False at once when another holder has it."""
         if key in self._held:
             return True
-        fd = os.open(self._file(key), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self._file(key), os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # the set was finished and its folder removed meanwhile
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self._file(key), os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
