@@ -6,7 +6,9 @@ choices are then overridden to plain decoding (no probes); ``unprofitable``: fix
 costs no round repays, so the controller itself decodes plainly and only probes;
 ``probes``: measured costs, the controller as shipped (``priced``: a probe waits until its
 cost is ``probe_budget`` of plain decoding) against the probe clock alone (``clock``: every
-probe costed 0, the controller before issue 17's probe pricing).
+probe costed 0, the controller before issue 17's probe pricing); ``values``: the shipped
+controller (``valued``: a probe worth its cost is due with the probe clock) against the
+budget alone (``priced``: every probe valued 0).
 
     python scripts/bench_floor.py DRAFTER PROMPTS.jsonl[,...] 16,64 [REPEATS] [MODE]
 
@@ -59,6 +61,15 @@ def probe_cost(net, *a, **k):
 
 
 PD.batch_probe_cost = probe_cost
+UNVALUED = [False]
+orig_probe_value = PD.batch_probe_value
+
+
+def probe_value(records, *a, **k):
+    return np.zeros(len(records)) if UNVALUED[0] else orig_probe_value(records, *a, **k)
+
+
+PD.batch_probe_value = probe_value
 
 
 def plan(self, decoding, K):
@@ -89,7 +100,9 @@ repeats = int(sys.argv[4]) if len(sys.argv) > 4 else 3
 MODE = (
     sys.argv[5] if len(sys.argv) > 5 else "override"
 )  # or "unprofitable" (fixed prices nothing repays), "probes"
-VARIANTS = ("plain", "clock", "priced") if MODE == "probes" else ("plain", "never")
+VARIANTS = {"probes": ("plain", "clock", "priced"), "values": ("plain", "priced", "valued")}.get(
+    MODE, ("plain", "never")
+)
 params = SamplingParams(temperature=0.0, max_tokens=64)
 for (name, prompts), c in itertools.product(sets.items(), conc):
     ids = [prompt_ids(target.tokenizer, p) for p in prompts]
@@ -112,6 +125,7 @@ for (name, prompts), c in itertools.product(sets.items(), conc):
             eng = Engine(target, drafter if variant != "plain" else None, cfg)
             NEVER[0] = variant == "never" and MODE == "override"
             UNPRICED[0] = variant == "clock"
+            UNVALUED[0] = variant == "priced" and MODE == "values"
             eng.generate(reqs[:1], SamplingParams(temperature=0.0, max_tokens=4))
             acc.clear()
             t = clk()
@@ -123,7 +137,7 @@ for (name, prompts), c in itertools.product(sets.items(), conc):
             d = tot.setdefault(variant, {})
             for k, v in acc.items():
                 d[k] = d.get(k, 0.0) + v
-    if MODE == "probes":
+    if MODE in ("probes", "values"):
         p = tot["plain"]
         for v in VARIANTS[1:]:
             n = tot[v]

@@ -46,6 +46,7 @@ from dspark.scheduler.payoff import (
 from dspark.scheduler.payoff_batch import (
     batch_net,
     batch_probe_cost,
+    batch_probe_value,
     batch_rates,
     best_of,
     quiet_rows,
@@ -250,6 +251,7 @@ class PayoffDrafting:
         tried = MODEL in self.pooled
         call_s = self.model_call_s(R) if tried else 0.0
         probe_costs: dict[str, np.ndarray] = {}  # proposer -> tokens a probe costs [R]
+        probe_values: dict[str, np.ndarray] = {}  # proposer -> tokens it may win by what it tells [R]
         if self.model is not None:
             model_s: np.ndarray | float = costs.draft_s.get(MODEL, 0.0)
             if MODEL in costs.draft_s and self.sync_line.w:  # + each request's catch-up
@@ -260,6 +262,14 @@ class PayoffDrafting:
                 nets[MODEL], config.probe_length, draft_s=model_s, call_s=call_s, costs=costs,
                 margin=config.margin,
             )  # fmt: skip
+            if config.value_probes:
+                records = [c.records.get(MODEL) for c in ctrls]
+                e_now = batch_rates(records, config, priors.get(MODEL))[0]
+                left = np.array([max(r.draft_budget + 1, 1) for r in decoding], dtype=np.float64)  # [R]
+                probe_values[MODEL] = batch_probe_value(
+                    records, e_now, budget, left, draft_s=model_s, costs=costs, config=config,
+                    prior=priors.get(MODEL),
+                )  # fmt: skip
         blocked = ()
         if call_s > 0 and MODEL in gains:  # the model's call is shared: does the batch repay it?
             g = {name: g for name, (g, _) in gains.items()}
@@ -273,6 +283,7 @@ class PayoffDrafting:
             skipped=skipped,
             interval=interval,
             probe_costs=probe_costs,
+            probe_values=probe_values,
             config=config,
         )
         choices = [PLAIN] * R
@@ -288,9 +299,10 @@ class PayoffDrafting:
                 own_caps[MODEL] = 0
                 own.pop(MODEL, None)
             own_probes = {name: float(c[i]) for name, c in probe_costs.items()}
+            own_values = {name: float(v[i]) for name, v in probe_values.items()}
             choices[i] = ctrls[i].decide(
                 own_caps, costs, shadowed=(NGRAM,), priors=priors, blocked=blocked, gains=own,
-                probe_costs=own_probes,
+                probe_costs=own_probes, probe_values=own_values,
             )  # fmt: skip
             model_tries |= choices[i].proposer == MODEL
         if MODEL in blocked:

@@ -28,7 +28,11 @@ is picked up again at a bounded cost. A probe is priced too (:func:`probe_cost`:
 drafting, catch-up and verification seconds less the tokens it is expected to accept);
 one costing ``c`` tokens waits at least ``c / probe_budget`` rounds, so that probes cost
 at most that fraction of plain decoding, and a proposer that could not pay even if every
-draft were accepted is not probed at all. A deterministic proposer (n-gram lookup) needs no
+draft were accepted is not probed at all. A probe that may show a paying drafter is worth
+more than its cost, though: its *value* (:func:`probe_value`, the value of the information
+it brings) is what the request would gain, over the rounds it has left, by drafting after
+the probe where the updated rates say it pays. A probe worth at least its cost is due with
+the probe clock alone. A deterministic proposer (n-gram lookup) needs no
 probes: its proposal made at some round is compared afterwards with the tokens the
 request actually emitted (:func:`shadow_outcome`). Those tokens have the target's
 distribution whatever produced them, so "the emitted token equals the proposed one"
@@ -42,6 +46,7 @@ non-anticipating rule of ``scheduler/policies.py``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -62,6 +67,9 @@ class PayoffConfig:
     # probes may cost at most this fraction of plain decoding: one costing c tokens (probe_cost)
     # waits >= c / probe_budget rounds (the floor at 16-64 requests was 10-15 % of plain: issue 17)
     probe_budget: float = 0.02
+    # ... unless what it may tell is worth more than it costs (probe_value): then it is due
+    # with the probe clock alone. Off: the budget alone (issue 17's lock-in at 16 requests)
+    value_probes: bool = True
 
     def __post_init__(self) -> None:
         ok = 0 <= self.prior_first <= 1 and 0 <= self.prior_later <= 1 and 0 <= self.memory < 1
@@ -103,6 +111,12 @@ class AcceptanceRecord:
             w = memory**later_tested
             self.later_tested = w * self.later_tested + later_tested
             self.later_accepted = w * self.later_accepted + later_accepted
+
+    def after_probe(self, accepted: bool, memory: float) -> AcceptanceRecord:
+        """This record once a probe's first draft is verified: accepted, or not."""
+        after = dataclasses.replace(self)
+        after.observe(1, int(accepted), memory)
+        return after
 
     def rates(self, config: PayoffConfig, prior: tuple[float, float] | None = None) -> tuple[float, float]:
         """``(e, q)``: first-draft and conditional later-draft acceptance, shrunk to ``prior``
@@ -161,6 +175,31 @@ def probe_cost(
     return max(0.0, -net)
 
 
+def probe_value(e: float, gain_if_accepted: float, gain_if_missed: float, horizon: float) -> float:
+    """Tokens a probe is expected to win by what it tells (its value of information).
+
+    After the probe the request drafts iff its updated gain is positive, over the
+    ``horizon`` rounds it has left; plain decoding, the verdict without the probe, gains 0
+    over them. The probe's first draft is accepted with probability ``e`` (the request's
+    rate now), giving the gain ``G⁺`` per round, else ``G⁻``:
+
+        V = H · (e · max(G⁺, 0) + (1 − e) · max(G⁻, 0))
+
+    One outcome stands for what drafting would then show, so this undervalues a probe
+    whose verdict later rounds would confirm, and it leaves out what the outcome tells
+    the other requests through the pooled rates.
+    """
+    return horizon * (e * max(gain_if_accepted, 0.0) + (1.0 - e) * max(gain_if_missed, 0.0))
+
+
+def probe_due_after(cost: float, value: float | None, interval: int, config: PayoffConfig) -> float:
+    """Skipped rounds after which a probe costing ``cost`` tokens and worth ``value`` is due:
+    the probe clock's ``interval``, and also :func:`probe_wait` unless the value repays it."""
+    if value is not None and config.value_probes and value >= cost:
+        return interval
+    return max(interval, probe_wait(cost, config))
+
+
 @dataclass(frozen=True)
 class Choice:
     """This round's decision for one request: ``proposer`` None = decode plainly."""
@@ -211,6 +250,7 @@ class PayoffController:
         blocked: Sequence[str] = (),
         gains: Mapping[str, tuple[float, int]] | None = None,
         probe_costs: Mapping[str, float] | None = None,
+        probe_values: Mapping[str, float] | None = None,
     ) -> Choice:
         """This round's proposer and cap. ``caps``: most drafts each proposer can offer now;
         ``shadowed``: proposers observed for free (:func:`shadow_outcome`), never probed;
@@ -219,7 +259,8 @@ class PayoffController:
         ``blocked``: proposers that may only be probed this round (their shared per-call
         cost is not repaid by the batch, :func:`shared_call_pays`); ``gains``: what
         :meth:`gains` returns for these arguments, when the caller has it already;
-        ``probe_costs``: :func:`probe_cost` per proposer (missing: 0, the probe clock alone)."""
+        ``probe_costs``: :func:`probe_cost` per proposer (missing: 0, the probe clock alone);
+        ``probe_values``: :func:`probe_value` per proposer (missing: the cost decides alone)."""
         gains = self.gains(caps, costs, priors) if gains is None else gains
         probeable = {n: g for n, g in gains.items() if n not in shadowed}
         usable = {n: g for n, g in gains.items() if n not in blocked}
@@ -233,7 +274,10 @@ class PayoffController:
         due = {
             n: g
             for n, g in probeable.items()
-            if self.skipped >= max(interval, probe_wait((probe_costs or {}).get(n, 0.0), self.config))
+            if self.skipped
+            >= probe_due_after(
+                (probe_costs or {}).get(n, 0.0), (probe_values or {}).get(n), interval, self.config
+            )
         }
         if due:
             self.skipped = 0

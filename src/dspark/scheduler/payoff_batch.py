@@ -28,9 +28,14 @@ _EMPTY = AcceptanceRecord()
 
 
 def batch_rates(
-    records: Sequence[AcceptanceRecord | None], config: PayoffConfig, prior: tuple[float, float] | None
+    records: Sequence[AcceptanceRecord | None],
+    config: PayoffConfig,
+    prior: tuple[float, float] | None,
+    *,
+    after_probe: bool | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(e [R], q [R])`` of :meth:`AcceptanceRecord.rates` for each record (None: no evidence yet)."""
+    """``(e [R], q [R])`` of :meth:`AcceptanceRecord.rates` for each record (None: no evidence yet);
+    ``after_probe``: of :meth:`AcceptanceRecord.after_probe` with that outcome instead."""
     fields = np.array(
         [
             (r.first_accepted, r.first_tested, r.later_accepted, r.later_tested, r.rounds)
@@ -39,6 +44,8 @@ def batch_rates(
         dtype=np.float64,
     ).reshape(-1, 5)  # [R, 5]
     fa, ft, la, lt, rounds = fields.T
+    if after_probe is not None:  # one more first draft verified, the past decayed once
+        fa, ft, rounds = config.memory * fa + float(after_probe), config.memory * ft + 1.0, rounds + 1
     if prior is not None:
         s = np.full_like(fa, config.pool_strength)
         e0, q0 = prior
@@ -110,6 +117,27 @@ def batch_probe_cost(
     return np.where(perfect - overhead <= 0, np.inf, cost)
 
 
+def batch_probe_value(
+    records: Sequence[AcceptanceRecord | None],
+    e: np.ndarray,
+    caps: np.ndarray,
+    horizon: np.ndarray,
+    *,
+    draft_s: np.ndarray | float,
+    costs: RoundCosts,
+    config: PayoffConfig,
+    prior: tuple[float, float] | None,
+) -> np.ndarray:
+    """``[R]``: :func:`~dspark.scheduler.payoff.probe_value` of a probe of each record, whose
+    first-draft rate is ``e`` now, for ``horizon`` rounds left and ``caps`` drafts at most."""
+    gain = {}
+    for outcome in (True, False):
+        e_after, q_after = batch_rates(records, config, prior, after_probe=outcome)
+        net = batch_net(e_after, q_after, costs, config.margin)
+        gain[outcome] = np.maximum(best_of(net, caps, draft_s, costs.tokens_per_s)[0], 0.0)  # [R]
+    return horizon * (e * gain[True] + (1.0 - e) * gain[False])
+
+
 def quiet_rows(
     gains: dict[str, np.ndarray],
     *,
@@ -118,12 +146,14 @@ def quiet_rows(
     skipped: np.ndarray,
     interval: np.ndarray,
     probe_costs: dict[str, np.ndarray] | None = None,
+    probe_values: dict[str, np.ndarray] | None = None,
     config: PayoffConfig | None = None,
 ) -> np.ndarray:
     """``[R]`` bool: rows whose :meth:`PayoffController.decide` is known to return plain decoding
     and only count a skipped round — no usable proposer has a positive gain, and no probe
     is due (``skipped + 1 < max(interval, probe wait)`` for every probeable proposer that can
-    propose). ``probe_costs``: :func:`batch_probe_cost` per proposer (missing: 0)."""
+    propose). ``probe_costs``: :func:`batch_probe_cost` per proposer (missing: 0);
+    ``probe_values``: :func:`batch_probe_value` per proposer (missing: the cost alone)."""
     R = skipped.shape[0]
     usable = [g for name, g in gains.items() if name not in blocked]
     pays = np.zeros(R, dtype=bool)
@@ -135,6 +165,9 @@ def quiet_rows(
         if name in gains:
             cost = (probe_costs or {}).get(name)
             wait = interval if cost is None else np.maximum(interval, probe_wait(cost, config))
+            value = (probe_values or {}).get(name)
+            if cost is not None and value is not None and config.value_probes:
+                wait = np.where(value >= cost, interval, wait)  # probe_due_after, per row
             due |= np.isfinite(gains[name]) & (skipped + 1 >= wait)
     return ~pays & ~due
 

@@ -22,7 +22,9 @@ from dspark.scheduler.payoff import (
     PayoffConfig,
     PayoffController,
     RoundCosts,
+    best_length,
     probe_cost,
+    probe_value,
     shared_call_pays,
 )
 
@@ -69,16 +71,25 @@ def reference_plan(payoff: PayoffDrafting, decoding: list[Request], K: int):
     for req, caps, own in zip(decoding, every_caps, every_costs):
         if not tried and any(c.proposer == MODEL for c in choices):
             caps = {**caps, MODEL: 0}
-        probes = {}
+        probes, values = {}, {}
         if MODEL in caps:
-            e, q = req.payoff.record(MODEL).rates(config, priors.get(MODEL))
+            record, prior, d = req.payoff.record(MODEL), priors.get(MODEL), own.draft_s.get(MODEL, 0.0)
+            e, q = record.rates(config, prior)
             probes[MODEL] = probe_cost(
-                e, q, config.probe_length, draft_s=own.draft_s.get(MODEL, 0.0), call_s=call_s, costs=own,
-                margin=config.margin,
-            )  # fmt: skip
+                e, q, config.probe_length, draft_s=d, call_s=call_s, costs=own, margin=config.margin
+            )
+            after = [
+                best_length(
+                    *record.after_probe(hit, config.memory).rates(config, prior),
+                    min(K, max(req.draft_budget, 0)), draft_s=d, costs=own, margin=config.margin,
+                )[0]
+                for hit in (True, False)
+            ]  # fmt: skip
+            values[MODEL] = probe_value(e, *after, max(req.draft_budget + 1, 1))
         choice = req.payoff.decide(
-            caps, own, shadowed=(NGRAM,), priors=priors, blocked=blocked, probe_costs=probes
-        )
+            caps, own, shadowed=(NGRAM,), priors=priors, blocked=blocked, probe_costs=probes,
+            probe_values=values,
+        )  # fmt: skip
         choices.append(choice)
     if blocked and any(c.probe and c.proposer == MODEL for c in choices):  # the call is paid anyway
         for i, (req, g) in enumerate(zip(decoding, every_gains)):
@@ -93,8 +104,8 @@ def reference_plan(payoff: PayoffDrafting, decoding: list[Request], K: int):
     return choices, lookups
 
 
-def requests(rng: random.Random, count: int) -> list[Request]:
-    config = PayoffConfig(probe_every=4, probe_max=16)
+def requests(rng: random.Random, count: int, config: PayoffConfig | None = None) -> list[Request]:
+    config = config or PayoffConfig(probe_every=4, probe_max=16)
     out = []
     for i in range(count):
         base = [rng.randrange(3, VOCAB) for _ in range(rng.randrange(2, 9))]
@@ -151,14 +162,18 @@ def priced(payoff: PayoffDrafting, rng: random.Random, *, measured: bool) -> Non
 
 @pytest.mark.parametrize("lazy", [False, True])
 @pytest.mark.parametrize("measured", [False, True])
-def test_the_vectorised_plan_decides_as_each_request_would(target, sps, lazy, measured):
+@pytest.mark.parametrize("budget", [0.02, 0.001])  # 0.001: most probes wait on their value
+def test_the_vectorised_plan_decides_as_each_request_would(target, sps, lazy, measured, budget):
     rng = random.Random(7 + lazy + 2 * measured)
+    config = PayoffConfig(probe_every=4, probe_max=16, probe_budget=budget)
     for trial in range(25):
         drafter = build("dflash", target) if lazy else NoisyOracleDrafter({}, VOCAB)
         costs = None if measured else (("model", rng.uniform(0.0, 0.3)), ("ngram", 0.0))
-        payoff = PayoffDrafting(drafter, VOCAB, 7, sps, draft_costs=dict(costs) if costs else None)
+        payoff = PayoffDrafting(
+            drafter, VOCAB, 7, sps, draft_costs=dict(costs) if costs else None, config=config
+        )
         priced(payoff, rng, measured=measured)
-        reqs = requests(rng, rng.choice([1, 5, 16, 40]))
+        reqs = requests(rng, rng.choice([1, 5, 16, 40]), config)
         expected_reqs, before = copy.deepcopy(reqs), copy.deepcopy(payoff)  # the plan measures its lookups
         choices, lookups = payoff.plan(reqs, 7)
         expected_choices, expected_lookups = reference_plan(before, expected_reqs, 7)

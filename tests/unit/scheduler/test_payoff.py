@@ -12,6 +12,7 @@ from dspark.scheduler.payoff import (
     best_length,
     expected_accepted,
     probe_cost,
+    probe_value,
     shadow_outcome,
     shared_call_pays,
 )
@@ -95,6 +96,35 @@ def test_a_costly_probe_waits_until_it_is_a_small_share_of_plain_decoding():
     never = controller_with({"model": [(7, 0)] * 6}, probe_every=4)
     choices = [never.decide({"model": 7}, COSTS, probe_costs={"model": float("inf")}) for _ in range(200)]
     assert all(ch.proposer is None for ch in choices)
+
+
+def test_a_probes_value_is_what_drafting_after_it_would_gain_over_the_rounds_left():
+    # accepted with e = 0.4: then 0.3 tokens a round; missed: nothing pays; 50 rounds left
+    assert probe_value(0.4, 0.3, -0.2, 50) == pytest.approx(50 * 0.4 * 0.3)
+    assert probe_value(0.4, -0.1, -0.2, 50) == 0.0  # no outcome changes the verdict
+    record = AcceptanceRecord()
+    record.observe(7, 0, 0.9)
+    hit, miss = record.after_probe(True, 0.9), record.after_probe(False, 0.9)
+    assert (hit.first_tested, hit.first_accepted) == pytest.approx((1.9, 1.0))
+    assert (miss.first_tested, miss.first_accepted) == pytest.approx((1.9, 0.0))
+    assert (record.first_tested, record.first_accepted) == (1.0, 0.0)  # the record itself unchanged
+
+
+def test_a_probe_worth_its_cost_is_due_with_the_probe_clock():
+    """The 0.5-token probe that waits 25 rounds on its budget is due after the clock's 4
+    when what it may tell is worth at least 0.5 tokens, and not when it is worth less or
+    the value is switched off."""
+
+    def probes(value, **config):
+        c = controller_with({"model": [(7, 0)] * 6}, probe_every=4, probe_max=64, **config)
+        values = {} if value is None else {"model": value}
+        choices = [
+            c.decide({"model": 7}, COSTS, probe_costs={"model": 0.5}, probe_values=values) for _ in range(60)
+        ]
+        return [i for i, ch in enumerate(choices) if ch.probe]
+
+    assert probes(0.5) == [3, 11, 27, 59]  # the doubling clock alone: 4, 8, 16, 32
+    assert probes(0.49) == probes(None) == probes(5.0, value_probes=False) == [24, 49]
 
 
 def test_resumes_drafting_when_the_text_turns_predictable():

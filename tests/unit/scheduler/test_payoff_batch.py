@@ -15,11 +15,13 @@ from dspark.scheduler.payoff import (
     RoundCosts,
     best_length,
     probe_cost,
+    probe_value,
 )
 from dspark.scheduler.payoff_batch import (
     batch_best_length,
     batch_net,
     batch_probe_cost,
+    batch_probe_value,
     batch_rates,
     quiet_rows,
 )
@@ -102,6 +104,8 @@ def test_quiet_rows_are_exactly_those_decide_leaves_plain_without_a_probe():
         blocked = rng.choice([(), ("model",)])
         probe = rng.choice([None, 0.0, 0.05, 0.11, 0.2, float("inf")])  # waits 0 to 10 rounds, never
         probes = {} if probe is None else {"model": probe}
+        value = rng.choice([None, 0.0, 0.1, 1.0])  # below, near or above the probe's cost
+        values = {} if value is None else {"model": value}
         quiet = quiet_rows(
             {n: np.array([g]) for n, g in gains.items()},
             probeable=["model"],
@@ -109,11 +113,41 @@ def test_quiet_rows_are_exactly_those_decide_leaves_plain_without_a_probe():
             skipped=np.array([ctrl.skipped]),
             interval=np.array([ctrl.interval or ctrl.config.probe_every]),
             probe_costs={n: np.array([c]) for n, c in probes.items()},
+            probe_values={n: np.array([v]) for n, v in values.items()},
             config=ctrl.config,
         )[0]
         caps = {n: 0 if g == float("-inf") else 3 for n, g in gains.items()}
         own = {n: (g, 2) for n, g in gains.items() if caps[n] >= 1}
         before = ctrl.skipped
-        choice = ctrl.decide(caps, costs, shadowed=("ngram",), blocked=blocked, gains=own, probe_costs=probes)
+        choice = ctrl.decide(
+            caps, costs, shadowed=("ngram",), blocked=blocked, gains=own, probe_costs=probes,
+            probe_values=values,
+        )  # fmt: skip
         plain_count = choice.proposer is None and ctrl.skipped == before + 1
         assert quiet == plain_count, (trial, gains, blocked, before, choice)
+
+
+@pytest.mark.parametrize("prior", [None, (0.3, 0.6)])
+def test_batch_probe_value_equals_the_scalar_one(prior):
+    """A probe's value per row: both outcomes' updated gains, weighted by the row's rate now."""
+    config = PayoffConfig()
+    recs = records(11, 40)
+    costs = RoundCosts(verify_s=tuple(0.0004 * ell for ell in range(8)), tokens_per_s=100.0, draft_s={})
+    rng = random.Random(5)
+    caps = np.array([rng.randrange(0, 8) for _ in recs])
+    horizon = np.array([float(rng.randrange(1, 60)) for _ in recs])
+    draft_s = np.array([rng.choice([0.0, 0.002, 0.006]) for _ in recs])
+    e, _ = batch_rates(recs, config, prior)
+    got = batch_probe_value(recs, e, caps, horizon, draft_s=draft_s, costs=costs, config=config, prior=prior)
+    want = []
+    for rec, cap, h, d, e_now in zip(recs, caps, horizon, draft_s, e, strict=True):
+        rec = rec or AcceptanceRecord()
+        after = [
+            best_length(
+                *rec.after_probe(hit, config.memory).rates(config, prior), int(cap), draft_s=d, costs=costs
+            )[0]
+            for hit in (True, False)
+        ]
+        want.append(probe_value(float(e_now), *after, float(h)))
+    assert got.tolist() == pytest.approx(want, rel=1e-12, abs=1e-12)
+    assert (got == 0).any() and (got > 0).any()  # some probes could show a paying drafter, some not
