@@ -49,6 +49,7 @@ from dspark.scheduler.payoff_batch import (
     batch_probe_value,
     batch_rates,
     best_of,
+    pooled_probe_value,
     quiet_rows,
     shared_call_repaid,
 )
@@ -250,6 +251,8 @@ class PayoffDrafting:
             gains[NGRAM] = gains_of(NGRAM, caps[NGRAM], costs.draft_s.get(NGRAM, 0.0))
         tried = MODEL in self.pooled
         call_s = self.model_call_s(R) if tried else 0.0
+        skipped = np.array([c.skipped for c in ctrls], dtype=np.int64)  # [R]
+        interval = np.array([c.interval or c.config.probe_every for c in ctrls], dtype=np.int64)  # [R]
         probe_costs: dict[str, np.ndarray] = {}  # proposer -> tokens a probe costs [R]
         probe_values: dict[str, np.ndarray] = {}  # proposer -> tokens it may win by what it tells [R]
         if self.model is not None:
@@ -270,12 +273,21 @@ class PayoffDrafting:
                     records, e_now, budget, left, draft_s=model_s, costs=costs, config=config,
                     prior=priors.get(MODEL),
                 )  # fmt: skip
+                if MODEL in self.pooled:  # and what it tells every request through the pool,
+                    public = pooled_probe_value(
+                        self.pooled[MODEL], records, budget, left, draft_s=model_s, costs=costs,
+                        config=config, pool_memory=POOL_MEMORY,
+                    )  # fmt: skip
+                    # carried by one probe a round: the cheapest of those the probe clock allows
+                    clock_due = (skipped + 1 >= interval) & (gains[MODEL][0] <= 0)
+                    clock_due &= np.isfinite(probe_costs[MODEL]) & (budget >= 1)
+                    if clock_due.any():
+                        i = int(np.argmin(np.where(clock_due, probe_costs[MODEL], np.inf)))
+                        probe_values[MODEL][i] = max(probe_values[MODEL][i], public)
         blocked = ()
         if call_s > 0 and MODEL in gains:  # the model's call is shared: does the batch repay it?
             g = {name: g for name, (g, _) in gains.items()}
             blocked = () if shared_call_repaid(g, MODEL, call_s, costs.tokens_per_s) else (MODEL,)
-        skipped = np.array([c.skipped for c in ctrls], dtype=np.int64)
-        interval = np.array([c.interval or c.config.probe_every for c in ctrls], dtype=np.int64)
         quiet = quiet_rows(
             {name: g for name, (g, _) in gains.items()},
             probeable=[n for n in gains if n != NGRAM],

@@ -138,6 +138,43 @@ def batch_probe_value(
     return horizon * (e * gain[True] + (1.0 - e) * gain[False])
 
 
+def pooled_probe_value(
+    pool: AcceptanceRecord,
+    records: Sequence[AcceptanceRecord | None],
+    caps: np.ndarray,
+    horizon: np.ndarray,
+    *,
+    draft_s: np.ndarray | float,
+    costs: RoundCosts,
+    config: PayoffConfig,
+    pool_memory: float,
+) -> float:
+    """Tokens one probe is expected to win for the whole batch by what it tells the pooled rates.
+
+    Every request's rates shrink to the pool, so a probe's outcome moves them all, most
+    while the pool holds little evidence: with the pool after a hit (probability the
+    pool's ``e``) or a miss, row r's best gain becomes ``G'_r``, and the probe is worth
+
+        V = Σ_r H_r · max(0, E[max(G'_r, 0)] − max(G_r, 0))
+
+    (:func:`~dspark.scheduler.payoff.probe_value` is the same for the prober's own record).
+    """
+    now = pool.rates(config)
+    e_pool = now[0]
+
+    def gains(prior: tuple[float, float]) -> np.ndarray:
+        e, q = batch_rates(records, config, prior)
+        return np.maximum(
+            best_of(batch_net(e, q, costs, config.margin), caps, draft_s, costs.tokens_per_s)[0], 0.0
+        )
+
+    expected = sum(
+        weight * gains(pool.after_probe(hit, pool_memory).rates(config))
+        for hit, weight in ((True, e_pool), (False, 1.0 - e_pool))
+    )  # [R]
+    return float(np.sum(horizon * np.maximum(expected - gains(now), 0.0)))
+
+
 def quiet_rows(
     gains: dict[str, np.ndarray],
     *,

@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 
 from dspark.drafters.ngram import lookup
-from dspark.engine.payoff_drafting import MODEL, NGRAM, SHADOW_EVERY, PayoffDrafting, join_probe_call
+from dspark.engine.payoff_drafting import (
+    MODEL,
+    NGRAM,
+    POOL_MEMORY,
+    SHADOW_EVERY,
+    PayoffDrafting,
+    join_probe_call,
+)
 from dspark.engine.requests import Request
 from dspark.protocols import SamplingParams, SequenceState
 from dspark.scheduler import FirstAcceptPredictor
@@ -67,10 +74,8 @@ def reference_plan(payoff: PayoffDrafting, decoding: list[Request], K: int):
         ]
         blocked = () if shared_call_pays(model, call_s, costs.tokens_per_s) else (MODEL,)
     config = payoff.config
-    choices = []
+    every_probes, every_values = [], []
     for req, caps, own in zip(decoding, every_caps, every_costs):
-        if not tried and any(c.proposer == MODEL for c in choices):
-            caps = {**caps, MODEL: 0}
         probes, values = {}, {}
         if MODEL in caps:
             record, prior, d = req.payoff.record(MODEL), priors.get(MODEL), own.draft_s.get(MODEL, 0.0)
@@ -81,11 +86,46 @@ def reference_plan(payoff: PayoffDrafting, decoding: list[Request], K: int):
             after = [
                 best_length(
                     *record.after_probe(hit, config.memory).rates(config, prior),
-                    min(K, max(req.draft_budget, 0)), draft_s=d, costs=own, margin=config.margin,
+                    caps[MODEL], draft_s=d, costs=own, margin=config.margin,
                 )[0]
                 for hit in (True, False)
             ]  # fmt: skip
             values[MODEL] = probe_value(e, *after, max(req.draft_budget + 1, 1))
+        every_probes.append(probes)
+        every_values.append(values)
+    if tried and payoff.model is not None:  # what one probe tells every request through the pool
+        pool = payoff.pooled[MODEL]
+        e_pool = pool.rates(config)[0]
+
+        def gain(req, caps, own, prior):
+            d = own.draft_s.get(MODEL, 0.0)
+            g = best_length(
+                *req.payoff.record(MODEL).rates(config, prior), caps[MODEL], draft_s=d, costs=own,
+                margin=config.margin,
+            )[0]  # fmt: skip
+            return max(g, 0.0)
+
+        public = 0.0
+        for req, caps, own in zip(decoding, every_caps, every_costs):
+            hit, miss = (pool.after_probe(h, POOL_MEMORY).rates(config) for h in (True, False))
+            now = gain(req, caps, own, pool.rates(config))
+            later = e_pool * gain(req, caps, own, hit) + (1 - e_pool) * gain(req, caps, own, miss)
+            public += max(req.draft_budget + 1, 1) * max(0.0, later - now)
+        due = [
+            i
+            for i, (req, caps, own) in enumerate(zip(decoding, every_caps, every_costs))
+            if req.payoff.skipped + 1 >= (req.payoff.interval or config.probe_every)
+            and caps[MODEL] >= 1
+            and req.payoff.gains(caps, own, priors)[MODEL][0] <= 0
+            and every_probes[i][MODEL] < float("inf")
+        ]
+        if due:
+            i = min(due, key=lambda i: every_probes[i][MODEL])
+            every_values[i][MODEL] = max(every_values[i][MODEL], public)
+    choices = []
+    for req, caps, own, probes, values in zip(decoding, every_caps, every_costs, every_probes, every_values):
+        if not tried and any(c.proposer == MODEL for c in choices):
+            caps = {**caps, MODEL: 0}
         choice = req.payoff.decide(
             caps, own, shadowed=(NGRAM,), priors=priors, blocked=blocked, probe_costs=probes,
             probe_values=values,

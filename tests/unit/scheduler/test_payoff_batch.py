@@ -151,3 +151,26 @@ def test_batch_probe_value_equals_the_scalar_one(prior):
         want.append(probe_value(float(e_now), *after, float(h)))
     assert got.tolist() == pytest.approx(want, rel=1e-12, abs=1e-12)
     assert (got == 0).any() and (got > 0).any()  # some probes could show a paying drafter, some not
+
+
+def test_a_probe_tells_more_through_a_pool_that_holds_little():
+    """The pooled value of one probe is summed over the requests the pool informs, and
+    falls as the pool's evidence grows (each outcome moves it less)."""
+    from dspark.scheduler.payoff_batch import pooled_probe_value
+
+    config = PayoffConfig()
+    costs = RoundCosts(verify_s=tuple(0.0004 * ell for ell in range(8)), tokens_per_s=100.0, draft_s={})
+
+    def value(pool_rounds: int, rows: int) -> float:
+        pool = AcceptanceRecord()
+        for i in range(pool_rounds):  # a pool near break-even: half the first drafts accepted
+            pool.observe(2, i % 2, 0.99)
+        return pooled_probe_value(
+            pool, [None] * rows, np.full(rows, 7), np.full(rows, 40.0), draft_s=0.004, costs=costs,
+            config=config, pool_memory=0.99,
+        )  # fmt: skip
+
+    assert value(3, 16) > 0
+    assert value(3, 16) == pytest.approx(16 * value(3, 1))  # one term per informed request
+    assert value(3, 16) > 1000 * value(30, 16) > 0  # more evidence, less to learn
+    assert value(300, 16) == pytest.approx(0.0, abs=1e-9)
