@@ -74,28 +74,35 @@ class Stages:
         with self._lock(name):
             return self._run(name, key, fn, outputs)
 
-    def running_with(self, name: str, key: dict[str, Any]) -> bool:
+    def running_with(self, name: str, key: dict[str, Any], *, settle_s: float = 10.0) -> bool:
         """Whether another process is running ``name`` now, started with ``key``.
 
         A stage whose work can be shared (the campaign's regeneration) lets a process
-        that finds it so help instead of only waiting.
+        that finds it so help instead of only waiting. A holder writes the started marker
+        just after taking the lock; for up to ``settle_s`` this waits for that marker.
         """
         path = self.marker(name).with_suffix(".lock")
         started = self.marker(name).with_suffix(".started.json")
-        if not path.is_file():
-            return False
-        with open(path, "a") as handle:
+        want = json.loads(json.dumps(key))
+        deadline = time.monotonic() + settle_s
+        while path.is_file():
+            with open(path, "a") as handle:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    pass  # held: running
+                else:
+                    fcntl.flock(handle, fcntl.LOCK_UN)
+                    return False
             try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                pass  # held: running
-            else:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+                if json.loads(started.read_text()) == want:
+                    return True
+            except (OSError, json.JSONDecodeError):
+                pass
+            if time.monotonic() >= deadline:
                 return False
-        try:
-            return json.loads(started.read_text()) == json.loads(json.dumps(key))
-        except (OSError, json.JSONDecodeError):
-            return False
+            time.sleep(0.2)
+        return False
 
     @contextlib.contextmanager
     def _lock(self, name: str) -> Iterator[None]:

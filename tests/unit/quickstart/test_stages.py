@@ -118,3 +118,22 @@ def test_running_with_sees_another_process_running_the_same_stage(tmp_path):
     ) or {})  # fmt: skip
     assert seen == [(True, False)]  # running, and only with the key it was started with
     assert not other.running_with("a", {"n": 1})  # finished: nobody holds it
+
+
+def test_running_with_waits_for_the_holders_started_marker(tmp_path):
+    """The holder takes the lock a moment before it writes its marker: a process looking in
+    between still sees the stage running (the race that once left a helper only waiting)."""
+    import threading
+    import time
+
+    stages = _stages(tmp_path)
+    seen = []
+    with stages._lock("a"):
+        looking = threading.Thread(target=lambda: seen.append(_stages(tmp_path).running_with("a", {"n": 1})))
+        looking.start()
+        time.sleep(0.5)  # the marker comes after the lock
+        stages.marker("a").with_suffix(".started.json").write_text(json.dumps({"n": 1}))
+        looking.join(timeout=10)
+    assert seen == [True]
+    with stages._lock("a"):  # held under another key: not for this one, once the wait is over
+        assert not _stages(tmp_path).running_with("a", {"n": 2}, settle_s=0.3)
