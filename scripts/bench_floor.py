@@ -6,9 +6,8 @@ choices are then overridden to plain decoding (no probes); ``unprofitable``: fix
 costs no round repays, so the controller itself decodes plainly and only probes;
 ``probes``: measured costs, the controller as shipped (``priced``: a probe waits until its
 cost is ``probe_budget`` of plain decoding) against the probe clock alone (``clock``: every
-probe costed 0, the controller before issue 17's probe pricing); ``values``: the shipped
-controller (``valued``: a probe worth its cost is due with the probe clock) against the
-budget alone (``priced``: every probe valued 0).
+probe costed 0, the controller before issue 17's probe pricing); ``values``: ``PayoffConfig.value_probes`` on (``valued``: a probe worth its cost is due
+with the probe clock) against the controller as shipped, with it off (``priced``).
 
     python scripts/bench_floor.py DRAFTER PROMPTS.jsonl[,...] 16,64 [REPEATS] [MODE]
 
@@ -16,6 +15,7 @@ Instrumentation by wrapping internals: a benchmark aid, not an API.
 """
 
 # ruff: noqa: E501 (report lines)
+import dataclasses
 import itertools
 import sys
 import time
@@ -61,15 +61,6 @@ def probe_cost(net, *a, **k):
 
 
 PD.batch_probe_cost = probe_cost
-UNVALUED = [False]
-orig_probe_value = PD.batch_probe_value
-
-
-def probe_value(records, *a, **k):
-    return np.zeros(len(records)) if UNVALUED[0] else orig_probe_value(records, *a, **k)
-
-
-PD.batch_probe_value = probe_value
 
 
 def plan(self, decoding, K):
@@ -123,9 +114,10 @@ for (name, prompts), c in itertools.product(sets.items(), conc):
                 draft_costs=costs,
             )
             eng = Engine(target, drafter if variant != "plain" else None, cfg)
+            if variant == "valued":
+                eng.payoff.config = dataclasses.replace(eng.payoff.config, value_probes=True)
             NEVER[0] = variant == "never" and MODE == "override"
             UNPRICED[0] = variant == "clock"
-            UNVALUED[0] = variant == "priced" and MODE == "values"
             eng.generate(reqs[:1], SamplingParams(temperature=0.0, max_tokens=4))
             acc.clear()
             t = clk()

@@ -68,8 +68,10 @@ class PayoffConfig:
     # waits >= c / probe_budget rounds (the floor at 16-64 requests was 10-15 % of plain: issue 17)
     probe_budget: float = 0.02
     # ... unless what it may tell is worth more than it costs (probe_value): then it is due
-    # with the probe clock alone. Off: the budget alone (issue 17's lock-in at 16 requests)
-    value_probes: bool = True
+    # with the probe clock alone. Off by default: on gsm8k at 16 / 64 requests it did not
+    # lift the lock-in it was meant for (44 model rounds against the clock's ~200) and
+    # measured no faster (mean 0.938× against 0.931×, ±0.09 noise; BENCHMARKS.md)
+    value_probes: bool = False
 
     def __post_init__(self) -> None:
         ok = 0 <= self.prior_first <= 1 and 0 <= self.prior_later <= 1 and 0 <= self.memory < 1

@@ -205,7 +205,7 @@ def priced(payoff: PayoffDrafting, rng: random.Random, *, measured: bool) -> Non
 @pytest.mark.parametrize("budget", [0.02, 0.001])  # 0.001: most probes wait on their value
 def test_the_vectorised_plan_decides_as_each_request_would(target, sps, lazy, measured, budget):
     rng = random.Random(7 + lazy + 2 * measured)
-    config = PayoffConfig(probe_every=4, probe_max=16, probe_budget=budget)
+    config = PayoffConfig(probe_every=4, probe_max=16, probe_budget=budget, value_probes=True)
     for trial in range(25):
         drafter = build("dflash", target) if lazy else NoisyOracleDrafter({}, VOCAB)
         costs = None if measured else (("model", rng.uniform(0.0, 0.3)), ("ngram", 0.0))

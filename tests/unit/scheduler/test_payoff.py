@@ -115,8 +115,8 @@ def test_a_probe_worth_its_cost_is_due_with_the_probe_clock():
     when what it may tell is worth at least 0.5 tokens, and not when it is worth less or
     the value is switched off."""
 
-    def probes(value, **config):
-        c = controller_with({"model": [(7, 0)] * 6}, probe_every=4, probe_max=64, **config)
+    def probes(value, value_probes=True):
+        c = controller_with({"model": [(7, 0)] * 6}, probe_every=4, probe_max=64, value_probes=value_probes)
         values = {} if value is None else {"model": value}
         choices = [
             c.decide({"model": 7}, COSTS, probe_costs={"model": 0.5}, probe_values=values) for _ in range(60)

@@ -95,7 +95,7 @@ def test_quiet_rows_are_exactly_those_decide_leaves_plain_without_a_probe():
     rng = random.Random(3)
     costs = RoundCosts(verify_s=tuple(0.0005 * ell for ell in range(8)), tokens_per_s=100.0, draft_s={})
     for trial in range(300):
-        ctrl = PayoffController(config=PayoffConfig(probe_every=4))
+        ctrl = PayoffController(config=PayoffConfig(probe_every=4, value_probes=rng.random() < 0.7))
         ctrl.skipped, ctrl.interval = rng.randrange(0, 8), rng.choice([0, 4, 8])
         gains = {
             "ngram": rng.choice([float("-inf"), -0.5, 0.2]),
