@@ -6,8 +6,9 @@ choices are then overridden to plain decoding (no probes); ``unprofitable``: fix
 costs no round repays, so the controller itself decodes plainly and only probes;
 ``probes``: measured costs, the controller as shipped (``priced``: a probe waits until its
 cost is ``probe_budget`` of plain decoding) against the probe clock alone (``clock``: every
-probe costed 0, the controller before issue 17's probe pricing); ``values``: ``PayoffConfig.value_probes`` on (``valued``: a probe worth its cost is due
-with the probe clock) against the controller as shipped, with it off (``priced``).
+probe costed 0, the controller before issue 17's probe pricing); ``values``:
+``PayoffConfig.value_probes`` on (``valued``: a probe worth its cost is due with the probe
+clock) against the controller as shipped, with it off (``priced``).
 
     python scripts/bench_floor.py DRAFTER PROMPTS.jsonl[,...] 16,64 [REPEATS] [MODE]
 
