@@ -75,7 +75,8 @@ def status(out: Path) -> dict[str, Any]:
 
 def in_progress(out: Path, done: list[str]) -> dict[str, Any]:
     """Stages started and not finished (running now, or killed and resumed by the next run);
-    the regeneration with its answers so far against the prompts it was started for."""
+    the regeneration with its answers so far against the prompts it was started for, the
+    cache with its samples written so far."""
     started = sorted(p.name.removesuffix(".started.json") for p in (out / "stages").glob("*.started.json"))
     report: dict[str, Any] = {}
     for stage in (s for s in started if s not in done):
@@ -85,6 +86,16 @@ def in_progress(out: Path, done: list[str]) -> dict[str, Any]:
             answers = out / "data" / "answers.jsonl"
             count = len(answers.read_bytes().splitlines()) if answers.is_file() else 0
             report[stage] = {"answers": count, "prompts": key.get("prompts")}  # prompts None: all
+        elif stage == "cache":  # the pieces written so far (data/cache_pieces.py)
+            pieces = sorted((out / "cache" / "pieces").glob("[0-9]*.json"))
+            samples = sum(len(json.loads(p.read_text())["placements"]) for p in pieces)
+            regen = out / "stages" / "regenerate.json"
+            total = json.loads(regen.read_text())["summary"] if regen.is_file() else {}
+            report[stage] = {
+                "pieces": len(pieces),
+                "samples": samples,
+                "of_samples": total.get("prompts", 0) - total.get("failed", 0) if total else None,
+            }
     return report
 
 

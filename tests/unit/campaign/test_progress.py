@@ -22,3 +22,17 @@ def test_status_names_the_stages_started_and_not_finished(tmp_path):
     report = status(tmp_path)
     assert report["stages_done"] == ["regenerate"]
     assert report["in_progress"] == {"train-dspark": {}}
+
+
+def test_status_counts_the_cache_pieces_written(tmp_path):
+    stages, pieces = tmp_path / "stages", tmp_path / "cache" / "pieces"
+    stages.mkdir()
+    pieces.mkdir(parents=True)
+    summary = {"prompts": 3000, "failed": 2}
+    (stages / "regenerate.json").write_text(json.dumps({"summary": summary}))
+    (stages / "cache.started.json").write_text("{}")
+    (pieces / "build.json").write_text("{}")  # the build's identity, not a piece
+    for k, n in enumerate((64, 64, 10)):
+        (pieces / f"{k:05d}.json").write_text(json.dumps({"shards": [], "placements": [[0, "f", 0, 1]] * n}))
+    report = status(tmp_path)
+    assert report["in_progress"] == {"cache": {"pieces": 3, "samples": 138, "of_samples": 2998}}
