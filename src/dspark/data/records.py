@@ -183,7 +183,6 @@ class Claims:
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
         self._held: dict[str, int] = {}
 
     def _file(self, key: str) -> Path:
@@ -193,11 +192,8 @@ class Claims:
         """Claim ``key``: False at once when another holder has it."""
         if key in self._held:
             return True
-        try:
-            fd = os.open(self._file(key), os.O_RDWR | os.O_CREAT, 0o644)
-        except FileNotFoundError:  # the set was finished and its folder removed meanwhile
-            self.root.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self._file(key), os.O_RDWR | os.O_CREAT, 0o644)
+        self.root.mkdir(parents=True, exist_ok=True)  # again if a finished set's was removed
+        fd = os.open(self._file(key), os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:

@@ -292,12 +292,10 @@ class _Cooperation:
         self.permanent = {e.get("id") for e in failures if not e.get("retryable", True)} - self.done
         self.failed_since: set[str] = set()
 
-    def refresh(self) -> set[str]:
-        """Read what the others appended; the keys newly answered."""
-        new = {r.get("id") for r in self.answers.read()} - self.done
-        self.done |= new
+    def refresh(self) -> None:
+        """Read what every run appended since the last look."""
+        self.done |= {r.get("id") for r in self.answers.read()}
         self.failed_since |= {e.get("id") for e in self.errors.read()}
-        return new
 
     def settled(self, key: str) -> bool:
         return key in self.done or key in self.permanent or key in self.failed_since

@@ -188,8 +188,8 @@ def probe_value(e: float, gain_if_accepted: float, gain_if_missed: float, horizo
         V = H · (e · max(G⁺, 0) + (1 − e) · max(G⁻, 0))
 
     One outcome stands for what drafting would then show, so this undervalues a probe
-    whose verdict later rounds would confirm, and it leaves out what the outcome tells
-    the other requests through the pooled rates.
+    whose verdict later rounds would confirm. What the outcome tells the other requests
+    through the pooled rates is :func:`~dspark.scheduler.payoff_batch.pooled_probe_value`.
     """
     return horizon * (e * max(gain_if_accepted, 0.0) + (1.0 - e) * max(gain_if_missed, 0.0))
 
