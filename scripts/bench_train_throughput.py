@@ -1,13 +1,18 @@
 """Training tokens/s per core: a baseline revision's trainer against this tree's, in one run (issue 16).
 
-Both paths train the same drafter on the same tiny-corpus samples with the same recipe
-(global batch 8, micro-batch 4, 64 anchors per sequence, ≤ 512 tokens, lr 1e-3), one
-torch thread each, in alternating subprocesses so that machine noise hits both alike:
+Both paths train the same drafter on the same samples with the same recipe (global batch
+8, micro-batch 4, 64 anchors per sequence, ≤ 512 tokens, lr 1e-3), one torch thread each,
+each tree's default precision (``precision="auto"``), in alternating subprocesses so that
+machine noise hits both alike:
 
 - ``old``: the baseline revision (default: the commit before issue 16), online target
-  features, exactly as ``dspark train`` ran there;
+  features, exactly as ``dspark train`` ran there (``--old-cache``: from the same offline
+  cache, for a baseline that has one);
 - ``new``: this tree, features from an offline cache built once (the campaign's path),
   with every speed-up of the current trainer.
+
+The tiny target trains on its corpus; ``--target smollm2 --records answers.jsonl
+--draft-vocab 8192`` on the campaign's regenerated answers with its reduced vocabulary.
 
 Tokens/s counts real sequence tokens (no padding) of the timed steps (the first
 ``--warmup`` steps are not timed) per second of this process's CPU time — one thread, so
@@ -15,6 +20,9 @@ tokens per core-second, which other jobs on the machine disturb far less than wa
 (wall-clock tokens/s is printed too). Prints a Markdown table and the new/old ratios.
 
     python scripts/bench_train_throughput.py --methods dflash,dspark,eagle3 --steps 12 --repeats 2
+    A=~/.cache/dspark/campaigns/smollm2/data/answers.jsonl
+    python scripts/bench_train_throughput.py --target smollm2 --records $A --draft-vocab 8192 \
+        --max-length 768 --baseline 03e6143 --old-cache --methods dspark
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ BASELINE = "5a49af0"  # main before issue 16's trainer work
 
 def child(args: argparse.Namespace) -> None:
     """One timed training run in this process; prints ``{"tokens_per_s": ...}``."""
+    import dataclasses
     import random
 
     import torch
@@ -51,20 +60,28 @@ def child(args: argparse.Namespace) -> None:
     from dspark.training.fresh import train_new_drafter
     from dspark.training.trainer import TrainConfig
 
-    config = getattr(presets, f"{args.method}_tiny")()
-    target = TargetAdapter.from_pretrained(resolve_target(None))
-    records = training_records()
+    config = getattr(presets, f"{args.method}_{args.target}")()
+    if args.draft_vocab:
+        config = dataclasses.replace(config, draft_vocab_size=args.draft_vocab)
+    target = TargetAdapter.from_pretrained(resolve_target(args.target))
+    if args.records:
+        with open(args.records) as f:
+            records = [json.loads(line) for line in f if line.strip()]
+    else:
+        records = training_records()
     random.Random(0).shuffle(records)
     records = records[: args.samples]
-    samples = tokenize_records(records, target.tokenizer, max_length=512)
+    samples = tokenize_records(records, target.tokenizer, max_length=args.max_length)
     options = {}
-    if args.path == "new":
+    if args.path == "new" or args.old_cache:
         from dspark.data.cache import FeatureCache
         from dspark.data.cache_build import CacheBuildConfig, build_cache
 
         cache_dir = Path(args.cache)
         if not (cache_dir / "manifest.json").is_file():
-            build_cache(target, records, cache_dir, CacheBuildConfig(max_length=512, progress=False))
+            build_cache(
+                target, records, cache_dir, CacheBuildConfig(max_length=args.max_length, progress=False)
+            )
         cache = FeatureCache.open(cache_dir)
         samples = TrainDataset(cache.token_samples())
         options["feature_cache"] = cache
@@ -80,6 +97,14 @@ def child(args: argparse.Namespace) -> None:
         return stats
 
     trainer_module.Trainer.step = timed_step
+    bf16 = []  # the precision the tree's trainer resolved
+    init = trainer_module.Trainer.__init__
+
+    def recorded_init(self, *a, **k):
+        init(self, *a, **k)
+        bf16.append(bool(getattr(self, "use_bf16", False)))
+
+    trainer_module.Trainer.__init__ = recorded_init
     with tempfile.TemporaryDirectory() as out:
         cfg = TrainConfig(
             output_dir=out,
@@ -94,14 +119,17 @@ def child(args: argparse.Namespace) -> None:
         )
         train_new_drafter(cfg, target, config, samples, Path(out) / "drafter", **options)
     cpu, wall, tokens = (sum(x) for x in zip(*timings[args.warmup :]))
-    print(json.dumps({"cpu": tokens / cpu, "wall": tokens / wall}))
+    print(json.dumps({"cpu": tokens / cpu, "wall": tokens / wall, "bf16": any(bf16)}))
 
 
 def run_child(tree: Path, method: str, path: str, ns: argparse.Namespace, cache: Path) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=str(tree / "src"), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--method", method, "--path", path]
     cmd += ["--steps", str(ns.steps), "--warmup", str(ns.warmup), "--samples", str(ns.samples)]
-    cmd += ["--cache", str(cache)]
+    cmd += ["--cache", str(cache), "--target", ns.target, "--max-length", str(ns.max_length)]
+    cmd += ["--records", ns.records] if ns.records else []
+    cmd += ["--draft-vocab", str(ns.draft_vocab)] if ns.draft_vocab else []
+    cmd += ["--old-cache"] if ns.old_cache else []
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tree)
     if out.returncode:
         raise SystemExit(f"{path} {method} failed:\n{out.stderr[-3000:]}")
@@ -113,7 +141,12 @@ def main() -> None:
     ap.add_argument("--methods", default="dflash,dspark,eagle3")
     ap.add_argument("--steps", type=int, default=12, help="timed optimizer steps per run")
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--samples", type=int, default=400, help="tiny-corpus samples (shuffled, seed 0)")
+    ap.add_argument("--samples", type=int, default=400, help="samples (shuffled, seed 0)")
+    ap.add_argument("--target", default="tiny", help="tiny | smollm2 (presets <method>_<target>)")
+    ap.add_argument("--records", help="JSONL of chat records to train on (default: the tiny corpus)")
+    ap.add_argument("--draft-vocab", type=int, help="the drafters' reduced vocabulary N")
+    ap.add_argument("--max-length", type=int, default=512)
+    ap.add_argument("--old-cache", action="store_true", help="the old path reads the offline cache too")
     ap.add_argument("--repeats", type=int, default=2, help="old/new pairs per method")
     ap.add_argument("--baseline", default=BASELINE, help="git revision of the old trainer")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -135,8 +168,10 @@ def main() -> None:
         load = os.getloadavg()[0]
         started = time.time()
         print(f"baseline {ns.baseline}; load average {load:.2f} at start\n")
-        print("| drafter | old tokens/CPU-s | new tokens/CPU-s | new / old (CPU) | new / old (wall) |")
-        print("|---|---:|---:|---:|---:|")
+        print(
+            "| drafter | old tokens/CPU-s | new tokens/CPU-s | new/old (CPU) | new/old (wall) | precision |"
+        )
+        print("|---|---:|---:|---:|---:|---|")
         for method in ns.methods.split(","):
             old, new = [], []
             for _ in range(ns.repeats):
@@ -144,7 +179,11 @@ def main() -> None:
                 new.append(run_child(ROOT, method, "new", ns, cache))
             o, n = (statistics.median(r["cpu"] for r in runs) for runs in (old, new))
             ow, nw = (statistics.median(r["wall"] for r in runs) for runs in (old, new))
-            print(f"| {method} | {o:.0f} | {n:.0f} | **{n / o:.2f}×** | {nw / ow:.2f}× |", flush=True)
+            precision = " / ".join("bf16" if runs[0]["bf16"] else "fp32" for runs in (old, new))
+            print(
+                f"| {method} | {o:.0f} | {n:.0f} | **{n / o:.2f}×** | {nw / ow:.2f}× | {precision} |",
+                flush=True,
+            )
         print(f"\nload average {os.getloadavg()[0]:.2f} at end; {time.time() - started:.0f} s")
 
 

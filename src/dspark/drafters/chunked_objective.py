@@ -29,6 +29,7 @@ is detached, so it is left to autograd on the confidences.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -60,46 +61,100 @@ def _softcap(z: Tensor, cap: float | None) -> Tensor:
     return z if cap is None else cap * torch.tanh(z / cap)
 
 
+# exp(x) for x below about -87 is a subnormal float or 0, and torch's vectorised exp takes a
+# slow path for it (10-20x, flush-to-zero or not; BENCHMARKS.md, issue 16). Trained drafters'
+# logits span far more than 87 nats, so every softmax below clamps its exponent here first:
+# each probability under 1.7e-38 rises to it, far below the objective's float noise.
+EXP_FLOOR = -87.0
+
+
+def _log_softmax(z: Tensor) -> tuple[Tensor, Tensor]:
+    """``(log p, p)`` of ``softmax(z)`` over the last dimension, with :data:`EXP_FLOOR`."""
+    logp = z - z.amax(dim=-1, keepdim=True)
+    p = logp.clamp_min(EXP_FLOOR).exp_()
+    total = p.sum(dim=-1, keepdim=True)
+    return logp.sub_(total.log()), p.div_(total)
+
+
+def _softmax(z: Tensor) -> Tensor:
+    """``softmax(z)`` over the last dimension, with :data:`EXP_FLOOR`."""
+    p = (z - z.amax(dim=-1, keepdim=True)).clamp_min_(EXP_FLOOR).exp_()
+    return p.div_(p.sum(dim=-1, keepdim=True))
+
+
+# Copies of a frozen head (in the products' dtype, its draft rows), kept while the head lives
+# unchanged: casting a [V, H] head per micro-batch cost more than the products it feeds.
+_DERIVED: dict[tuple[int, str], tuple[weakref.ref, int, Tensor]] = {}
+
+
+def _frozen(t: Tensor, what: str, make) -> Tensor:
+    """``make(t)``, computed once per frozen ``t`` (recomputed for a trained one)."""
+    if t.requires_grad:  # trained: its values change every step
+        return make(t.detach())
+    key = (id(t), what)
+    hit = _DERIVED.get(key)
+    if hit is not None and hit[0]() is t and hit[1] == t._version:
+        return hit[2]
+    for k in [k for k, v in _DERIVED.items() if v[0]() is None]:
+        del _DERIVED[k]
+    _DERIVED[key] = (weakref.ref(t), t._version, out := make(t.detach()))
+    return out
+
+
+def _cast(t: Tensor, dtype: torch.dtype) -> Tensor:
+    return t if t.dtype == dtype else _frozen(t, str(dtype), lambda x: x.to(dtype))
+
+
 class _ChunkedTerms(torch.autograd.Function):
     """Forward: per-slot terms chunk by chunk, and their gradients; backward: scale the saved gradients."""
 
     @staticmethod
     def forward(
-        ctx, hidden, u, w2, head, target_rows, target_index, labels, omega, coefs, softcap, chunk, reduced
+        ctx,
+        hidden,
+        u,
+        w2,
+        head,
+        target_rows,
+        target_index,
+        labels,
+        omega,
+        coefs,
+        softcap,
+        chunk,
+        reduced,
+        mm_dtype,
     ):
         a_ce, a_soft, a_tv = coefs
         target_head, draft_ids, ce_mask = reduced  # all None for the full vocabulary
         need_grad = any(x is not None and x.requires_grad for x in (hidden, u, w2))
         M = hidden.shape[0]
-        head32 = head.float()  # [V, H] ([N, H] over a reduced draft vocabulary)
-        target32 = head32 if target_head is None else target_head.float()  # [V, H]
-        w2_32 = w2.float() if w2 is not None else None  # [V, r]
+        # The products run in mm_dtype (bf16 where the trainer runs bf16: a CPU with AMX does
+        # them 5-8x faster than fp32) and everything of size V after them in fp32.
+        head_mm = _cast(head, mm_dtype)  # [V, H] ([N, H] over a reduced draft vocabulary)
+        target_mm = head_mm if target_head is None else _cast(target_head, mm_dtype)  # [V, H]
+        w2_mm = _cast(w2, mm_dtype) if w2 is not None else None  # [V, r]
         l1 = hidden.new_empty(M, dtype=torch.float32)
         ce = hidden.new_empty(M, dtype=torch.float32) if a_ce else None
         soft = hidden.new_empty(M, dtype=torch.float32) if a_soft else None
         grad_h = torch.zeros_like(hidden, dtype=torch.float32) if need_grad else None
         grad_u = torch.zeros_like(u, dtype=torch.float32) if need_grad and u is not None else None
-        grad_w2 = torch.zeros_like(w2_32) if need_grad and w2 is not None else None
+        grad_w2 = torch.zeros(w2.shape, dtype=torch.float32) if need_grad and w2 is not None else None
         # In-place updates and fused row reductions below: on a CPU the [chunk, V] passes,
         # not the matmuls, would otherwise dominate.
+        target = _TargetProbs(target_rows, target_index, target_mm, draft_ids, softcap, mm_dtype)
         for start in range(0, M, chunk):
             sl = slice(start, start + chunk)
-            z = hidden[sl].float() @ head32.T  # [c, V]
+            h = hidden[sl].to(mm_dtype)  # [c, H]
+            z = (h @ head_mm.T).float()  # [c, V]
             if u is not None:
-                z.addmm_(u[sl].float(), w2_32.T)
+                u_c = u[sl].to(mm_dtype)  # [c, r]
+                z += u_c @ w2_mm.T
             z = _softcap(z, softcap)
-            logp = torch.log_softmax(z, dim=-1)  # [c, V]
-            p = logp.exp()
-            rows, inverse = torch.unique(
-                target_index[sl], return_inverse=True
-            )  # overlapping blocks share rows
-            q = torch.softmax(_softcap(target_rows[rows].float() @ target32.T, softcap), dim=-1)[
-                inverse
-            ]  # [c, V]
+            logp, p = _log_softmax(z)  # [c, V]
+            q, mass = target.at(sl)
             q_soft, outside = q, None
-            if draft_ids is not None:
-                q = q[:, draft_ids]  # [c, N]: the target's mass on D, not renormalised
-                mass = q.sum(-1)  # [c]
+            if mass is not None:
                 outside = (1.0 - mass).clamp_min(0.0)  # q(V∖D): never proposable, always rejected
                 q_soft = q / mass.clamp_min(1e-30).unsqueeze(-1) if a_soft else None
             label = labels[sl].unsqueeze(-1)  # [c, 1]
@@ -132,10 +187,11 @@ class _ChunkedTerms(torch.autograd.Function):
             g.mul_(omega[sl].unsqueeze(-1))
             if softcap is not None:
                 g.mul_(1.0 - (z / softcap) ** 2)
-            grad_h[sl] = g @ head32
+            g_mm = g.to(mm_dtype)
+            grad_h[sl] = g_mm @ head_mm
             if u is not None:
-                grad_u[sl] = g @ w2_32
-                grad_w2.addmm_(g.T, u[sl].float())
+                grad_u[sl] = g_mm @ w2_mm
+                grad_w2 += g_mm.T @ u_c
         per_slot = a_tv * l1
         if a_ce:
             per_slot = per_slot + a_ce * ce
@@ -154,7 +210,50 @@ class _ChunkedTerms(torch.autograd.Function):
         grads = []
         for saved, has, dtype in zip(ctx.saved_tensors, ctx.has, ctx.dtypes):
             grads.append((grad_objective * saved).to(dtype) if has else None)
-        return (*grads, None, None, None, None, None, None, None, None, None)
+        return (*grads, None, None, None, None, None, None, None, None, None, None)
+
+
+class _TargetProbs:
+    """The target's distribution at every slot: ``q [c, V]`` for a chunk of slots, or over a
+    draft vocabulary ``q_D [c, N]`` (not renormalised) and its mass ``q(D) [c]``.
+
+    Overlapping blocks share target positions, so the head runs once per distinct row. Over
+    a draft vocabulary the normaliser ``log Σ_V exp`` of every distinct row is computed up
+    front, a slice of the vocabulary at a time (each slice of the head is read once, and the
+    ``[rows, slice]`` passes stay in the core's cache), and then ``q_D`` of every row.
+    """
+
+    COLUMNS = 4096  # vocabulary slice of the normaliser
+
+    def __init__(self, target_rows, index, target_head, draft_ids, softcap, mm_dtype) -> None:
+        self.full = draft_ids is None
+        self.index, self.softcap, self.head, self.mm_dtype = index, softcap, target_head, mm_dtype
+        self.target_rows = target_rows
+        if self.full:
+            return
+        rows, self.inverse = torch.unique(index, return_inverse=True)
+        x = target_rows[rows].to(mm_dtype)  # [r, H]
+        lse = torch.full((x.shape[0], 1), -torch.inf)  # [r, 1], accumulated slice by slice
+        for start in range(0, target_head.shape[0], self.COLUMNS):
+            zt = _softcap((x @ target_head[start : start + self.COLUMNS].T).float(), softcap)  # [r, ≤4096]
+            lse = torch.logaddexp(lse, _logsumexp(zt))
+        head_d = _frozen(target_head, "draft rows", lambda t: t.index_select(0, draft_ids))  # [N, H]
+        q = _softcap((x @ head_d.T).float(), softcap).sub_(lse).clamp_min_(EXP_FLOOR).exp_()  # [r, N]
+        self.q, self.mass = q, q.sum(-1)
+
+    def at(self, sl: slice) -> tuple[Tensor, Tensor | None]:
+        if not self.full:
+            inverse = self.inverse[sl]
+            return self.q[inverse], self.mass[inverse]
+        rows, inverse = torch.unique(self.index[sl], return_inverse=True)
+        zt = (self.target_rows[rows].to(self.mm_dtype) @ self.head.T).float()  # [r, V]
+        return _softmax(_softcap(zt, self.softcap))[inverse], None
+
+
+def _logsumexp(z: Tensor) -> Tensor:
+    """``log Σ exp z`` over the last dimension (keepdim), with :data:`EXP_FLOOR`; ``z`` is overwritten."""
+    m = z.amax(dim=-1, keepdim=True)
+    return z.sub_(m).clamp_min_(EXP_FLOOR).exp_().sum(dim=-1, keepdim=True).log_().add_(m)
 
 
 def draft_labels(labels: Tensor, draft_ids: Tensor, vocab_size: int) -> tuple[Tensor, Tensor]:
@@ -189,8 +288,11 @@ def chunked_terms(
         labels, in_vocab = draft_labels(labels, ids, factors.target_head.shape[0])
         reduced = (factors.target_head, ids, in_vocab.reshape(-1).float())
     vocab = factors.head.shape[0] if factors.target_head is None else factors.target_head.shape[0]
-    # fp32 throughout, also inside the trainer's bf16 autocast (whose matmuls would be bf16).
-    with torch.autocast(factors.hidden.device.type, enabled=False):
+    # Inside the trainer's bf16 autocast the products run in bf16 and the rest in fp32;
+    # otherwise fp32 throughout.
+    device = factors.hidden.device.type
+    mm_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else torch.float32
+    with torch.autocast(device, enabled=False):
         objective, l1, ce_t, soft_t = _ChunkedTerms.apply(
             factors.hidden.reshape(-1, H),
             u.reshape(-1, u.shape[-1]) if u is not None else None,
@@ -204,6 +306,7 @@ def chunked_terms(
             factors.softcap,
             chunk_slots(vocab, budget_bytes),
             reduced,
+            mm_dtype,
         )
     return SlotTerms(
         objective=objective,

@@ -10,7 +10,8 @@ size oneDNN's bf16 GEMMs of a few rows cost more than fp32's (hidden 256: a [7, 
 [256, 768] product takes 89 µs in bf16, 30 µs in fp32, one thread), so the embedded tiny
 target decodes faster in fp32 and ``auto`` keeps it there (BENCHMARKS.md, issue 17).
 
-Training does not use this: it keeps its own dtype rules (fp32 on the CPU).
+Training does not use this: it keeps its own dtype rules (:func:`training_bf16`: bf16
+autocast on CUDA and on CPUs with AMX, fp32 on other CPUs).
 Losslessness holds against the target as loaded: greedy speculative output equals the
 plain greedy output of the same target in the same dtype.
 """
@@ -50,14 +51,19 @@ def native_bf16(flags: frozenset[str], capability: str) -> bool:
     return "bf16" in flags  # Arm: the NEON/SVE kernels use BFMMLA/BFDOT when present
 
 
-@lru_cache(maxsize=1)
-def cpu_has_native_bf16() -> bool:
-    """:func:`native_bf16` for this machine (False when ``/proc/cpuinfo`` cannot be read)."""
+def _this_cpu(test) -> bool:
+    """``test(flags, capability)`` for this machine (False when ``/proc/cpuinfo`` cannot be read)."""
     try:
         text = Path("/proc/cpuinfo").read_text(errors="replace")
     except OSError:
         return False
-    return native_bf16(cpu_flags(text), torch.backends.cpu.get_cpu_capability())
+    return test(cpu_flags(text), torch.backends.cpu.get_cpu_capability())
+
+
+@lru_cache(maxsize=1)
+def cpu_has_native_bf16() -> bool:
+    """:func:`native_bf16` for this machine."""
+    return _this_cpu(native_bf16)
 
 
 def inference_dtype(
@@ -79,3 +85,32 @@ def inference_dtype(
     if device.type == "cpu" and not small and cpu_has_native_bf16():
         return torch.bfloat16
     return torch.float32
+
+
+def amx_bf16(flags: frozenset[str], capability: str) -> bool:
+    """True when a CPU with these flags has AMX bf16 tiles that torch's kernels (oneDNN) use."""
+    return "amx_bf16" in flags and native_bf16(flags, capability)
+
+
+@lru_cache(maxsize=1)
+def cpu_has_amx_bf16() -> bool:
+    """:func:`amx_bf16` for this machine."""
+    return _this_cpu(amx_bf16)
+
+
+def training_bf16(precision: str, device: torch.device, hidden_size: int | None = None) -> bool:
+    """Whether a training run of ``precision`` (auto | bf16 | fp32) computes under bf16 autocast.
+
+    ``auto`` is bf16 on CUDA, and on a CPU with AMX for targets of hidden size >=
+    :data:`BF16_MIN_HIDDEN`: a SmolLM2 drafter's bf16 products run 5-8x faster than fp32 there
+    (one thread) and a training step about 1.9x faster end to end, while the tiny target's
+    step gains nothing (BENCHMARKS.md, issue 16) and keeps fp32 everywhere. With AVX-512 bf16
+    alone a bf16 product is slower than fp32's (78 vs 95 GFLOP/s on a Zen 4 core), so other
+    CPUs train in fp32. Master weights stay fp32 either way.
+    """
+    if precision != "auto":
+        return precision == "bf16"
+    if device.type == "cuda":
+        return True
+    small = hidden_size is not None and hidden_size < BF16_MIN_HIDDEN
+    return device.type == "cpu" and not small and cpu_has_amx_bf16()

@@ -35,7 +35,8 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     num_anchors: int | None = 512  # per sequence (SPEC §6); None = every eligible position
     seed: int = 0
-    precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto: bf16 autocast on GPU, fp32 on CPU
+    # auto: bf16 autocast on GPU and on CPUs with AMX, fp32 on other CPUs (targets/dtype.py)
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
     # CPU: treat subnormal floats as zero during the run. The loss's softmaxes are full of
     # probabilities below 1e-38; each one costs a microcode assist on x86, and on the tiny
     # target that doubled a step's time (BENCHMARKS.md, "Training throughput").

@@ -26,6 +26,7 @@ from dspark.data.samples import ShardedSampler, TrainDataset, collate
 from dspark.distributed import World
 from dspark.drafters.objective import ObjectiveConfig, compute_loss
 from dspark.errors import DsparkError
+from dspark.targets.dtype import training_bf16
 from dspark.training import online
 from dspark.training.checkpoint import (
     Checkpoint,
@@ -169,7 +170,7 @@ class Trainer:
             world_size=world.world_size,
             seed=cfg.seed,
         )
-        self.use_bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and world.device.type == "cuda")
+        self.use_bf16 = training_bf16(cfg.precision, world.device, getattr(target, "hidden_size", None))
         self.pad_id = pad_id(target)
 
     # -- one step ----------------------------------------------------------------------------

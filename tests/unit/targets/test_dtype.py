@@ -39,6 +39,34 @@ def test_native_bf16(text, capability, native):
     assert dtypes.native_bf16(dtypes.cpu_flags(text), capability) is native
 
 
+@pytest.mark.parametrize(
+    "text,capability,amx",
+    [
+        (X86_AMX, "AVX512", True),
+        (X86_AMX, "AVX2", False),
+        (X86_BF16, "AVX512", False),
+        (ARM_BF16, "SVE256", False),
+    ],
+)
+def test_amx_bf16(text, capability, amx):
+    assert dtypes.amx_bf16(dtypes.cpu_flags(text), capability) is amx
+
+
+@pytest.mark.parametrize("amx", [True, False])
+def test_training_runs_bf16_on_cuda_and_amx_cpus(monkeypatch, amx):
+    """Training's auto: bf16 autocast on CUDA and on AMX CPUs (5-8x faster products) for targets
+    of hidden >= 512, fp32 elsewhere."""
+    monkeypatch.setattr(dtypes, "cpu_has_amx_bf16", lambda: amx)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert dtypes.training_bf16("auto", cpu) is amx
+    assert dtypes.training_bf16("auto", cpu, hidden_size=576) is amx
+    assert dtypes.training_bf16("auto", cpu, hidden_size=256) is False  # the tiny target
+    assert dtypes.training_bf16("auto", cuda, hidden_size=256) is True
+    assert dtypes.training_bf16("auto", cuda) is True
+    assert dtypes.training_bf16("fp32", cuda) is False
+    assert dtypes.training_bf16("bf16", cpu) is True
+
+
 @pytest.mark.parametrize("native", [True, False])
 def test_auto_is_bf16_on_native_cpus_for_large_enough_targets(monkeypatch, native):
     monkeypatch.setattr(dtypes, "cpu_has_native_bf16", lambda: native)
