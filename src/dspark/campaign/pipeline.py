@@ -144,6 +144,21 @@ def training_prompts(plan: CampaignPlan):
     raise DsparkError(f"unknown prompt source {plan.prompt_source!r} (tiny-corpus or synthetic)")
 
 
+def target_dtype(source: Path) -> torch.dtype:
+    """The dtype of the campaign's target: the one dspark serves it in on this machine.
+
+    ``targets/dtype.py``: bf16 on CUDA and on CPUs with native bf16 for hidden >= 512, so
+    SmolLM2 but not the tiny target. The target then answers the prompts and gives the
+    features in the dtype it verifies drafts in, and its forward over a long sequence runs
+    3.7x faster in bf16 on a CPU with AMX (BENCHMARKS.md, issue 16). It is in no stage key:
+    a campaign resumed on another machine keeps what it has.
+    """
+    from dspark.targets.dtype import inference_dtype
+
+    hidden = json.loads((source / "config.json").read_text()).get("hidden_size")
+    return inference_dtype("auto", hidden_size=hidden)
+
+
 class Campaign:
     """One target's campaign: the plan, its folder, the loaded target and the stages."""
 
@@ -156,7 +171,9 @@ class Campaign:
         self.plan, self.out, self.progress = plan, out, progress
         self.stages = Stages(out, announce=announce)
         source = Path(resolve_target(plan.target))
-        self.target = TargetAdapter.from_pretrained(str(source))
+        dtype = target_dtype(source)
+        self.target = TargetAdapter.from_pretrained(str(source), dtype=dtype)
+        announce(f"target {plan.target} in {str(dtype).removeprefix('torch.')}")
         self.target_id = _sha(source / "model.safetensors")
 
     # -- 1. the target's own answers -----------------------------------------------------------
