@@ -225,10 +225,14 @@ class Campaign:
                 "data_id": _sha(answers),
             }
 
-        if self.stages.done("regenerate", key) is None and self.stages.running_with("regenerate", key):
-            self.stages.announce("… regenerate: another process is running it; answering beside it")
-            answer(wait_for_others=False)
-        summary = self.stages.run("regenerate", key, run, outputs=(answers, errors, claims))
+        summary = self.stages.run_shared(
+            "regenerate",
+            key,
+            run,
+            lambda: answer(wait_for_others=False),
+            "answering beside it",
+            outputs=(answers, errors, claims),
+        )
         shutil.rmtree(claims, ignore_errors=True)  # a late helper may have made it again
         return summary
 
@@ -260,10 +264,14 @@ class Campaign:
                 "cache_id": manifest["data"]["fingerprint"][:16],
             }
 
-        if self.stages.done("cache", key) is None and self.stages.running_with("cache", key):
-            self.stages.announce("… cache: another process is running it; writing pieces beside it")
-            build(wait_for_others=False)
-        return self.stages.run("cache", key, run, outputs=(root,))
+        return self.stages.run_shared(
+            "cache",
+            key,
+            run,
+            lambda: build(wait_for_others=False),
+            "writing pieces beside it",
+            outputs=(root,),
+        )
 
     # -- 3. training, equal budgets --------------------------------------------------------------
 

@@ -74,6 +74,31 @@ class Stages:
         with self._lock(name):
             return self._run(name, key, fn, outputs)
 
+    def run_shared(
+        self,
+        name: str,
+        key: dict[str, Any],
+        fn: Callable[[], dict[str, Any]],
+        help_fn: Callable[[], Any],
+        helping: str,
+        outputs: tuple[Path, ...] = (),
+    ) -> dict[str, Any]:
+        """:meth:`run` for a stage whose work can be shared: a process that finds another
+        running ``name`` with ``key`` calls ``help_fn()`` beside it (announced as ``helping``)
+        before it waits for the stage. Looked at before the lock and again when the lock is
+        found held, so a process arriving just before the holder takes it still helps."""
+
+        def help_if_running() -> bool:
+            if self.done(name, key) is not None or not self.running_with(name, key):
+                return False
+            self.announce(f"… {name}: another process is running it; {helping}")
+            help_fn()
+            return True
+
+        helped = help_if_running()
+        with self._lock(name, on_held=None if helped else help_if_running):
+            return self._run(name, key, fn, outputs)
+
     def running_with(self, name: str, key: dict[str, Any], *, settle_s: float = 10.0) -> bool:
         """Whether another process is running ``name`` now, started with ``key``.
 
@@ -105,14 +130,17 @@ class Stages:
         return False
 
     @contextlib.contextmanager
-    def _lock(self, name: str) -> Iterator[None]:
-        """Hold ``stages/<name>.lock``; while another process holds it, say so and wait."""
+    def _lock(self, name: str, on_held: Callable[[], bool] | None = None) -> Iterator[None]:
+        """Hold ``stages/<name>.lock``; while another process holds it, call ``on_held`` (if
+        given), say so and wait."""
         path = self.marker(name).with_suffix(".lock")
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a") as handle:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
+                if on_held is not None:
+                    on_held()
                 self.announce(f"… {name}: another process is running it; waiting for it to finish")
                 fcntl.flock(handle, fcntl.LOCK_EX)
             try:

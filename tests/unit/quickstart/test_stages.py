@@ -137,3 +137,43 @@ def test_running_with_waits_for_the_holders_started_marker(tmp_path):
     assert seen == [True]
     with stages._lock("a"):  # held under another key: not for this one, once the wait is over
         assert not _stages(tmp_path).running_with("a", {"n": 2}, settle_s=0.3)
+
+
+def test_a_shared_stage_helps_a_holder_that_took_the_lock_after_the_first_look(tmp_path):
+    """The race that left a campaign process waiting beside the feature cache: the other
+    process took the stage's lock just after this one looked. It still helps, then finds
+    the stage done."""
+    import threading
+
+    holder, helper = _stages(tmp_path), _stages(tmp_path)
+    finish, started = threading.Event(), threading.Event()
+
+    def hold():
+        def work():
+            started.set()
+            finish.wait(timeout=30)
+            return {"by": "holder"}
+
+        holder.run("a", {"n": 1}, work)
+
+    first_look = helper.running_with
+    looks = []
+
+    def running_with(name, key, **kw):
+        if not looks:  # the first look: nobody holds it yet; the holder takes it right after
+            looks.append("first")
+            thread.start()
+            started.wait(timeout=30)
+            return False
+        looks.append("again")
+        return first_look(name, key, **kw)
+
+    thread = threading.Thread(target=hold)
+    helper.running_with = running_with
+    helped = []
+    summary = helper.run_shared(
+        "a", {"n": 1}, lambda: {"by": "helper"}, lambda: helped.append(1) or finish.set(), "helping"
+    )
+    thread.join(timeout=30)
+    assert looks == ["first", "again"] and helped == [1]
+    assert summary == {"by": "holder"}  # done by the holder, not run again
