@@ -93,3 +93,31 @@ def test_cache_root_follows_the_environment(tmp_path, monkeypatch):
     assert smollm2.cache_root() == tmp_path / "dspark"
     monkeypatch.setenv("DSPARK_CACHE", str(tmp_path / "mine"))
     assert smollm2_dir() == tmp_path / "mine" / "targets" / "smollm2-135m-instruct"
+
+
+def test_the_shipped_dspark_drafter_is_found_for_smollm2_and_decodes_losslessly(folder):
+    """``--drafter dspark`` on SmolLM2 picks its own shipped drafter (issue 16 item 5), which
+    drafts well on a math prompt and keeps greedy output identical to plain decoding."""
+    from dspark.decoding import speculative_generate
+    from dspark.drafters import shipped
+    from dspark.drafters.registry import build_drafter
+    from dspark.protocols import SamplingParams
+    from dspark.targets import TargetAdapter
+
+    torch.set_num_threads(1)
+    target = TargetAdapter.from_pretrained(folder)
+    assert shipped.shipped_drafter_dir("dspark", target) == shipped.shipped_root() / "smollm2" / "dspark"
+    drafter = build_drafter("dspark", target)
+    messages = [
+        {"role": "user", "content": "Tom has 3 apples and buys 5 more. How many apples does he have?"}
+    ]
+    ids = list(
+        target.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=32)
+    plain = speculative_generate(target, None, ids, params)
+    result = speculative_generate(target, drafter, ids, params)
+    assert result.token_ids == plain.token_ids
+    assert result.tau > 1.5  # a trained drafter, not a random one (τ ≈ 1)
