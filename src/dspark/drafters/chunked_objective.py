@@ -139,7 +139,7 @@ class _ChunkedTerms(torch.autograd.Function):
         soft = hidden.new_empty(M, dtype=torch.float32) if a_soft else None
         grad_h = torch.zeros_like(hidden, dtype=torch.float32) if need_grad else None
         grad_u = torch.zeros_like(u, dtype=torch.float32) if need_grad and u is not None else None
-        grad_w2 = torch.zeros(w2.shape, dtype=torch.float32) if need_grad and w2 is not None else None
+        grad_w2 = torch.zeros_like(w2, dtype=torch.float32) if need_grad and w2 is not None else None
         # In-place updates and fused row reductions below: on a CPU the [chunk, V] passes,
         # not the matmuls, would otherwise dominate.
         target = _TargetProbs(target_rows, target_index, target_mm, draft_ids, softcap, mm_dtype)
@@ -233,7 +233,7 @@ class _TargetProbs:
             return
         rows, self.inverse = torch.unique(index, return_inverse=True)
         x = target_rows[rows].to(mm_dtype)  # [r, H]
-        lse = torch.full((x.shape[0], 1), -torch.inf)  # [r, 1], accumulated slice by slice
+        lse = x.new_full((x.shape[0], 1), -torch.inf, dtype=torch.float32)  # [r, 1], slice by slice
         for start in range(0, target_head.shape[0], self.COLUMNS):
             zt = _softcap((x @ target_head[start : start + self.COLUMNS].T).float(), softcap)  # [r, ≤4096]
             lse = torch.logaddexp(lse, _logsumexp(zt))
