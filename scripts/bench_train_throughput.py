@@ -19,7 +19,14 @@ Tokens/s counts real sequence tokens (no padding) of the timed steps (the first
 tokens per core-second, which other jobs on the machine disturb far less than wall time
 (wall-clock tokens/s is printed too). Prints a Markdown table and the new/old ratios.
 
+``--roofline`` also counts the floating-point work of the new path's warm-up steps
+(``torch.profiler``: the matrix products of forward and backward, their FLOPs and their share
+of the operator time) and times this core's best matrix product at the objective's shapes:
+the new path's share of that peak, and the new/old ratio a step running entirely at peak
+would reach — the ceiling of any speed-up that keeps the recipe's arithmetic.
+
     python scripts/bench_train_throughput.py --methods dflash,dspark,eagle3 --steps 12 --repeats 2
+    python scripts/bench_train_throughput.py --methods dspark --steps 6 --repeats 1 --roofline
     A=~/.cache/dspark/campaigns/smollm2/data/answers.jsonl
     python scripts/bench_train_throughput.py --target smollm2 --records $A --draft-vocab 8192 \
         --max-length 768 --baseline 03e6143 --old-cache --methods dspark
@@ -39,6 +46,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = "5a49af0"  # main before issue 16's trainer work
+ROOFLINE = ("flops_per_token", "product_share", "product_flops")  # a child's --roofline keys
 
 
 def child(args: argparse.Namespace) -> None:
@@ -88,9 +96,28 @@ def child(args: argparse.Namespace) -> None:
     from dspark.training import trainer as trainer_module
 
     timings: list[tuple[float, float, int]] = []  # (cpu s, wall s, tokens) per optimizer step
+    # (product FLOPs, tokens, product µs, all ops' µs) of the warm-up steps, --roofline
+    counted: list[tuple[int, int, float, float]] = []
     step = trainer_module.Trainer.step
 
     def timed_step(self, *a, **k):
+        if args.roofline and len(timings) < args.warmup:
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
+                stats = step(self, *a, **k)
+            ops = prof.key_averages()
+            products = [e for e in ops if e.key in ("aten::mm", "aten::bmm", "aten::addmm")]
+            counted.append(
+                (
+                    sum(e.flops for e in products),
+                    stats.tokens,
+                    sum(e.self_cpu_time_total for e in products),
+                    sum(e.self_cpu_time_total for e in ops),
+                )
+            )
+            timings.append((0.0, 0.0, 0))
+            return stats
         cpu, wall = time.process_time(), time.perf_counter()
         stats = step(self, *a, **k)
         timings.append((time.process_time() - cpu, time.perf_counter() - wall, stats.tokens))
@@ -119,7 +146,30 @@ def child(args: argparse.Namespace) -> None:
         )
         train_new_drafter(cfg, target, config, samples, Path(out) / "drafter", **options)
     cpu, wall, tokens = (sum(x) for x in zip(*timings[args.warmup :]))
-    print(json.dumps({"cpu": tokens / cpu, "wall": tokens / wall, "bf16": any(bf16)}))
+    result = {"cpu": tokens / cpu, "wall": tokens / wall, "bf16": any(bf16)}
+    if counted:
+        flops, tokens, product_us, total_us = (sum(x) for x in zip(*counted))
+        result["flops_per_token"] = flops / tokens
+        result["product_share"] = product_us / total_us  # of the profiled steps' operator time
+        result["product_flops"] = flops / (product_us / 1e6)  # the products' own rate
+    print(json.dumps(result))
+
+
+def peak_flops(shapes: list[tuple[int, int, int]], repeats: int = 20) -> float:
+    """This core's best fp32 rate (FLOP/s, one thread) over ``F.linear`` of ``(rows, in, out)``."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(1)
+    best = 0.0
+    for rows, d_in, d_out in shapes:
+        x, w = torch.randn(rows, d_in), torch.randn(d_out, d_in)
+        F.linear(x, w)
+        for _ in range(repeats):
+            start = time.perf_counter()
+            F.linear(x, w)
+            best = max(best, 2 * rows * d_in * d_out / (time.perf_counter() - start))
+    return best
 
 
 def run_child(tree: Path, method: str, path: str, ns: argparse.Namespace, cache: Path) -> dict[str, float]:
@@ -130,6 +180,7 @@ def run_child(tree: Path, method: str, path: str, ns: argparse.Namespace, cache:
     cmd += ["--records", ns.records] if ns.records else []
     cmd += ["--draft-vocab", str(ns.draft_vocab)] if ns.draft_vocab else []
     cmd += ["--old-cache"] if ns.old_cache else []
+    cmd += ["--roofline"] if ns.roofline and path == "new" else []
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tree)
     if out.returncode:
         raise SystemExit(f"{path} {method} failed:\n{out.stderr[-3000:]}")
@@ -149,6 +200,11 @@ def main() -> None:
     ap.add_argument("--old-cache", action="store_true", help="the old path reads the offline cache too")
     ap.add_argument("--repeats", type=int, default=2, help="old/new pairs per method")
     ap.add_argument("--baseline", default=BASELINE, help="git revision of the old trainer")
+    ap.add_argument(
+        "--roofline",
+        action="store_true",
+        help="count the new path's FLOPs and compare its rate with this core's best product",
+    )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--method", help=argparse.SUPPRESS)
     ap.add_argument("--path", choices=["old", "new"], help=argparse.SUPPRESS)
@@ -172,6 +228,7 @@ def main() -> None:
             "| drafter | old tokens/CPU-s | new tokens/CPU-s | new/old (CPU) | new/old (wall) | precision |"
         )
         print("|---|---:|---:|---:|---:|---|")
+        rooflines: list[tuple[str, float, float, float, float, float]] = []
         for method in ns.methods.split(","):
             old, new = [], []
             for _ in range(ns.repeats):
@@ -184,7 +241,30 @@ def main() -> None:
                 f"| {method} | {o:.0f} | {n:.0f} | **{n / o:.2f}×** | {nw / ow:.2f}× | {precision} |",
                 flush=True,
             )
+            if ns.roofline:
+                rooflines.append((method, o, n, *(statistics.median(r[k] for r in new) for k in ROOFLINE)))
+        if rooflines:
+            print_roofline(rooflines)
         print(f"\nload average {os.getloadavg()[0]:.2f} at end; {time.time() - started:.0f} s")
+
+
+def print_roofline(rows: list[tuple[str, float, float, float, float, float]]) -> None:
+    """The new path's share of the core's peak, and the new/old ceiling at that peak."""
+    # the objective's products at the tiny preset's shapes: slots × hidden × vocab, the MLP
+    peak = peak_flops([(1792, 256, 4096), (1792, 256, 768), (1792, 768, 256), (512, 256, 4096)])
+    print(f"\nthis core's best fp32 product: {peak / 1e9:.0f} GFLOP/s (one thread)\n")
+    print(
+        "| drafter | MFLOP / token | step GFLOP/s | share of peak | products' share of the step "
+        "| products GFLOP/s | tokens/CPU-s at peak | ceiling new/old |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for method, old, new, per_token, share, product_rate in rows:
+        at_peak = peak / per_token
+        print(
+            f"| {method} | {per_token / 1e6:.1f} | {new * per_token / 1e9:.0f} | "
+            f"{new * per_token / peak:.0%} | {share:.0%} | {product_rate / 1e9:.0f} | {at_peak:.0f} | "
+            f"{at_peak / old:.2f}× |"
+        )
 
 
 if __name__ == "__main__":
