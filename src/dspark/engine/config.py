@@ -66,6 +66,7 @@ class EngineStats:
     ngram_rounds: int = 0
     model_rounds: int = 0
     model_probes: int = 0  # model rounds that were probes (a short verification while it does not pay)
+    quiet_plans: int = 0  # payoff plans reused by a batch that decodes plainly (``QUIET_REPLAN``)
 
     @property
     def overhead_share(self) -> float:

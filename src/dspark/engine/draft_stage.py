@@ -140,8 +140,9 @@ class DraftStage:
         self, decoding: list[Request], K: int, stats: EngineStats
     ) -> tuple[DraftBlock, dict[int, int]]:
         """Payoff control: each request drafts with the proposer that pays, or not at all."""
-        started = time.perf_counter()
+        started, reused = time.perf_counter(), self.payoff.reused
         choices, lookups = self.payoff.plan(decoding, K)
+        stats.quiet_plans += self.payoff.reused - reused
         for req, choice in zip(decoding, choices):
             req.proposer = choice.proposer
         stats.cost_checked += len(choices)

@@ -50,7 +50,7 @@ from dspark.scheduler.payoff_batch import (
     batch_rates,
     best_of,
     pooled_probe_value,
-    quiet_rows,
+    quiet_margin,
     shared_call_repaid,
 )
 from dspark.scheduler.step_times import DecayedLine, DraftCosts, StepTimes, fit_line
@@ -63,6 +63,11 @@ POOL_MEMORY = 0.99  # per pooled observation
 # rounds at 0.97x plain where the probe clock's forced tries drafted 196 at 1.10x).
 CATCH_UP_ROUNDS = 8
 SHADOW_EVERY = 4  # tokens between n-gram lookups while the n-gram does not pay
+# While a plan leaves every request plain and no probe can fall due, the next rounds reuse it
+# (counting skipped rounds, with the n-gram lookups due) for up to this many rounds in all:
+# pricing the batch is most of what a drafter attached costs a batch that decodes plainly
+# (gsm8k, 16 requests, tiny target: 0.8 ms of a 35 ms step).
+QUIET_REPLAN = 4
 
 NGRAM, MODEL = "ngram", "model"
 UPDATE = "model-update"  # the model drafter's state update after a round it drafted
@@ -133,6 +138,9 @@ class PayoffDrafting:
         # Every request's outcomes pooled per proposer, slowly forgotten: the prior a request's
         # own rates shrink to (a new request starts from what the others saw, not from 0.5).
         self.pooled: dict[str, AcceptanceRecord] = {}
+        # (request ids, K, rounds left) while the last plan holds (``QUIET_REPLAN``)
+        self._quiet: tuple[tuple[int, ...], int, int] | None = None
+        self.planned = self.reused = 0  # rounds priced in full / by the last quiet plan
 
     def controller(self) -> PayoffController:
         return PayoffController(config=self.config)
@@ -220,6 +228,10 @@ class PayoffDrafting:
         that may draft or probe this round go through ``decide``, the others just count a
         plain round.
         """
+        quiet, self._quiet = self._quiet, None
+        if quiet is not None and quiet[:2] == (tuple(r.id for r in decoding), K):
+            return self._quiet_round(decoding, K, quiet[2])
+        self.planned += 1
         R, config = len(decoding), self.config
         costs = self.costs(R)
         priors = {name: record.rates(config) for name, record in self.pooled.items()}
@@ -237,10 +249,12 @@ class PayoffDrafting:
         lookups: dict[int, list[int]] = {}
         gains: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # proposer -> (G [R], ℓ [R])
         caps: dict[str, np.ndarray] = {}
+        ngram_hopeless = True  # for every request (or no n-gram)
         if self.ngram is not None:
             # While even a full block would not pay, look up only to refresh the shadow
             # evidence, every SHADOW_EVERY tokens: a lookup per request per step is not free.
             hopeless = gains_of(NGRAM, budget, costs.draft_s.get(NGRAM, 0.0))[0] <= 0  # [R]
+            ngram_hopeless = bool(hopeless.all())
             lo, hi, started = self.ngram.config.min_n, self.ngram.config.max_n, self.clock()
             for req, n, lost in zip(decoding, budget.tolist(), hopeless.tolist()):
                 due = req.shadow is None and len(req.generated) % SHADOW_EVERY == 0
@@ -288,7 +302,7 @@ class PayoffDrafting:
         if call_s > 0 and MODEL in gains:  # the model's call is shared: does the batch repay it?
             g = {name: g for name, (g, _) in gains.items()}
             blocked = () if shared_call_repaid(g, MODEL, call_s, costs.tokens_per_s) else (MODEL,)
-        quiet = quiet_rows(
+        margin = quiet_margin(
             {name: g for name, (g, _) in gains.items()},
             probeable=[n for n in gains if n != NGRAM],
             blocked=blocked,
@@ -297,7 +311,13 @@ class PayoffDrafting:
             probe_costs=probe_costs,
             probe_values=probe_values,
             config=config,
-        )
+        )  # [R]
+        quiet = margin >= 0
+        # Every request decodes plainly, the n-gram could not pay even with a whole block (so
+        # only due lookups run), and no probe falls due for a while: the next rounds keep this.
+        rounds = min(QUIET_REPLAN - 1, int(margin.min())) if R else 0
+        if rounds > 0 and ngram_hopeless:
+            self._quiet = (tuple(r.id for r in decoding), K, rounds)
         choices = [PLAIN] * R
         for i in np.flatnonzero(quiet).tolist():
             ctrls[i].skipped += 1
@@ -319,11 +339,28 @@ class PayoffDrafting:
             model_tries |= choices[i].proposer == MODEL
         if MODEL in blocked:
             join_probe_call(choices, ctrls, gains)
-        for req, choice in zip(decoding, choices):
-            if choice.proposer == NGRAM:
-                req.shadow = None  # this round observes the n-gram for real
-            elif req.shadow is None and lookups.get(req.id):
-                req.shadow = (len(req.generated), lookups[req.id])  # checked against what it emits
+        shadow(decoding, choices, lookups)
+        return choices, lookups
+
+    def _quiet_round(self, decoding: list, K: int, rounds: int) -> tuple[list[Choice], dict[int, list[int]]]:
+        """A round under the last plan (every request plain, no probe due): count the skipped
+        round and run only the n-gram lookups due for the shadow evidence — as :meth:`plan`
+        would decide while the gains and costs it priced hold."""
+        self.reused += 1
+        lookups: dict[int, list[int]] = {}
+        if self.ngram is not None:
+            lo, hi, started = self.ngram.config.min_n, self.ngram.config.max_n, self.clock()
+            for req in decoding:
+                n = min(K, max(req.draft_budget, 0))
+                due = n > 0 and req.shadow is None and len(req.generated) % SHADOW_EVERY == 0
+                lookups[req.id] = req.positions.lookup(req.state.token_ids, n, lo, hi) if due else []
+            self._measured(NGRAM, self.clock() - started, len(decoding))
+        for req in decoding:
+            req.payoff.skipped += 1
+        choices = [PLAIN] * len(decoding)
+        shadow(decoding, choices, lookups)
+        if rounds > 1:
+            self._quiet = (tuple(r.id for r in decoding), K, rounds - 1)
         return choices, lookups
 
     def catch_up_charge(self, decoding: list) -> np.ndarray:
@@ -421,6 +458,16 @@ class PayoffDrafting:
         if outcome is not None:
             self._observe(req, NGRAM, *outcome)
             req.shadow = None
+
+
+def shadow(decoding: list, choices: list[Choice], lookups: dict[int, list[int]]) -> None:
+    """Start each request's n-gram shadow evaluation from this round's lookup (checked against
+    what it emits), unless the n-gram drafts for it for real this round."""
+    for req, choice in zip(decoding, choices):
+        if choice.proposer == NGRAM:
+            req.shadow = None  # this round observes the n-gram for real
+        elif req.shadow is None and lookups.get(req.id):
+            req.shadow = (len(req.generated), lookups[req.id])
 
 
 def join_probe_call(

@@ -25,6 +25,7 @@ import numpy as np
 from dspark.scheduler.payoff import AcceptanceRecord, PayoffConfig, RoundCosts, probe_wait, shared_call_pays
 
 _EMPTY = AcceptanceRecord()
+QUIET_FOREVER = 1 << 30  # quiet_margin of a row no probe can fall due for
 
 
 def batch_rates(
@@ -175,7 +176,7 @@ def pooled_probe_value(
     return float(np.sum(horizon * np.maximum(expected - gains(now), 0.0)))
 
 
-def quiet_rows(
+def quiet_margin(
     gains: dict[str, np.ndarray],
     *,
     probeable: Sequence[str],
@@ -186,17 +187,22 @@ def quiet_rows(
     probe_values: dict[str, np.ndarray] | None = None,
     config: PayoffConfig | None = None,
 ) -> np.ndarray:
-    """``[R]`` bool: rows whose :meth:`PayoffController.decide` is known to return plain decoding
-    and only count a skipped round — no usable proposer has a positive gain, and no probe
-    is due (``skipped + 1 < max(interval, probe wait)`` for every probeable proposer that can
-    propose). ``probe_costs``: :func:`batch_probe_cost` per proposer (missing: 0);
-    ``probe_values``: :func:`batch_probe_value` per proposer (missing: the cost alone)."""
+    """``[R]`` int: ``-1`` for a row that may draft or probe this round; for a quiet row — one
+    whose :meth:`PayoffController.decide` is known to return plain decoding and only count a
+    skipped round — how many further rounds it stays quiet while these gains and probe waits
+    hold (``QUIET_FOREVER`` when no probeable proposer can propose).
+
+    A row is quiet when no usable proposer has a positive gain and no probe is due: a probe
+    falls due once ``skipped + 1 >= max(interval, probe wait)``, so a quiet row has
+    ``ceil(wait - skipped - 1) - 1`` rounds left (``wait - skipped - 2`` for a whole wait).
+    ``probe_costs``: :func:`batch_probe_cost` per proposer (missing: 0); ``probe_values``:
+    :func:`batch_probe_value` per proposer (missing: the cost alone)."""
     R = skipped.shape[0]
     usable = [g for name, g in gains.items() if name not in blocked]
     pays = np.zeros(R, dtype=bool)
     for g in usable:
         pays |= g > 0
-    due = np.zeros(R, dtype=bool)
+    margin = np.full(R, QUIET_FOREVER, dtype=np.int64)
     config = config or PayoffConfig()
     for name in probeable:
         if name in gains:
@@ -205,8 +211,11 @@ def quiet_rows(
             value = (probe_values or {}).get(name)
             if cost is not None and value is not None and config.value_probes:
                 wait = np.where(value >= cost, interval, wait)  # probe_due_after, per row
-            due |= np.isfinite(gains[name]) & (skipped + 1 >= wait)
-    return ~pays & ~due
+            # due once skipped + 1 >= wait: the next rounds j = 1, 2, ... stay quiet while
+            # skipped + j + 1 < wait (a wait may be fractional, or inf: never)
+            left = np.minimum(np.ceil(np.asarray(wait, dtype=np.float64) - skipped - 1) - 1, QUIET_FOREVER)
+            margin = np.where(np.isfinite(gains[name]), np.minimum(margin, left.astype(np.int64)), margin)
+    return np.where(pays, -1, np.maximum(margin, -1))
 
 
 def shared_call_repaid(gains: dict[str, np.ndarray], name: str, call_s: float, tokens_per_s: float) -> bool:

@@ -18,12 +18,13 @@ from dspark.scheduler.payoff import (
     probe_value,
 )
 from dspark.scheduler.payoff_batch import (
+    QUIET_FOREVER,
     batch_best_length,
     batch_net,
     batch_probe_cost,
     batch_probe_value,
     batch_rates,
-    quiet_rows,
+    quiet_margin,
 )
 
 
@@ -89,12 +90,14 @@ def test_batch_probe_cost_equals_probe_cost():
         assert np.isinf(got).any() and (got == 0).any() and ((got > 0) & np.isfinite(got)).any()
 
 
-def test_quiet_rows_are_exactly_those_decide_leaves_plain_without_a_probe():
-    """A row is quiet iff ``decide`` returns plain decoding and is not probing; it then only
-    counts the skipped round."""
+def test_a_quiet_margin_counts_the_rounds_decide_keeps_plain_before_a_probe():
+    """``quiet_margin`` is -1 iff ``decide`` drafts or probes now; m ≥ 0 iff it returns plain
+    decoding and only counts the skipped round, and, with the same gains and prices, does so
+    for the next m rounds and probes in the one after (never, for ``QUIET_FOREVER``)."""
     rng = random.Random(3)
     costs = RoundCosts(verify_s=tuple(0.0005 * ell for ell in range(8)), tokens_per_s=100.0, draft_s={})
-    for trial in range(300):
+    seen = set()
+    for trial in range(400):
         ctrl = PayoffController(config=PayoffConfig(probe_every=4, value_probes=rng.random() < 0.7))
         ctrl.skipped, ctrl.interval = rng.randrange(0, 8), rng.choice([0, 4, 8])
         gains = {
@@ -106,7 +109,7 @@ def test_quiet_rows_are_exactly_those_decide_leaves_plain_without_a_probe():
         probes = {} if probe is None else {"model": probe}
         value = rng.choice([None, 0.0, 0.1, 1.0])  # below, near or above the probe's cost
         values = {} if value is None else {"model": value}
-        quiet = quiet_rows(
+        margin = quiet_margin(
             {n: np.array([g]) for n, g in gains.items()},
             probeable=["model"],
             blocked=blocked,
@@ -118,13 +121,20 @@ def test_quiet_rows_are_exactly_those_decide_leaves_plain_without_a_probe():
         )[0]
         caps = {n: 0 if g == float("-inf") else 3 for n, g in gains.items()}
         own = {n: (g, 2) for n, g in gains.items() if caps[n] >= 1}
-        before = ctrl.skipped
-        choice = ctrl.decide(
-            caps, costs, shadowed=("ngram",), blocked=blocked, gains=own, probe_costs=probes,
-            probe_values=values,
-        )  # fmt: skip
-        plain_count = choice.proposer is None and ctrl.skipped == before + 1
-        assert quiet == plain_count, (trial, gains, blocked, before, choice)
+        plain_rounds = 0
+        for _ in range(min(int(margin), 40) + 2):
+            before = ctrl.skipped
+            choice = ctrl.decide(
+                caps, costs, shadowed=("ngram",), blocked=blocked, gains=own, probe_costs=probes,
+                probe_values=values,
+            )  # fmt: skip
+            if not (choice.proposer is None and ctrl.skipped == before + 1):
+                break
+            plain_rounds += 1
+        expected = 42 if margin == QUIET_FOREVER else margin + 1
+        assert plain_rounds == expected, (trial, gains, blocked, probes, values, margin)
+        seen.add(min(int(margin), 3))
+    assert seen == {-1, 0, 1, 2, 3}  # drafting now, and quiet for a few rounds or many
 
 
 @pytest.mark.parametrize("prior", [None, (0.3, 0.6)])
