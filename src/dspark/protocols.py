@@ -130,7 +130,9 @@ class Drafter(Protocol):
     ``target_layer_ids`` names the target layers whose raw outputs the drafter reads
     (empty for drafters that need no features, like n-gram lookup); every target forward
     of a decode is passed them. ``block_size`` is the most drafts one ``propose`` makes
-    (γ), the default verification length of a round.
+    (γ), the default verification length of a round. A drafter may also say
+    ``drafts_after_prompt = False``: it is not asked in a request's first round, whose
+    anchor is the prompt's last token (:func:`drafts_after_prompt`).
     """
 
     target_layer_ids: tuple[int, ...]
@@ -145,6 +147,19 @@ class Drafter(Protocol):
     def update(self, state: SequenceState, num_accepted: int, new_features: torch.Tensor | None) -> None:
         """Absorb a verified round: ``state`` already holds the new tokens."""
         ...
+
+
+def drafts_after_prompt(drafter: Drafter) -> bool:
+    """Is ``drafter`` worth asking in a request's first round, right after its prompt?
+
+    Not a drafter trained only on response anchors (SPEC §6: positions ``i`` and ``i + 1``
+    both supervised): it never saw the prompt's last token as an anchor, so it never
+    learned the first token of an answer, and its drafts in that round are rejected
+    (0 of 7 accepted on every prompt, for the tiny target's DFlash, DSpark and Eagle3).
+    That round decodes plainly instead; skipping it loses nothing and, under payoff
+    control, keeps those certain rejections out of the acceptance estimates.
+    """
+    return getattr(drafter, "drafts_after_prompt", True)
 
 
 @runtime_checkable

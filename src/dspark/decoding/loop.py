@@ -24,7 +24,15 @@ import torch
 
 from dspark.decoding.stopping import Cut, cut_round
 from dspark.errors import DsparkError, PromptTooLongError
-from dspark.protocols import DraftBlock, Drafter, GenerationResult, RoundLog, SamplingParams, SequenceState
+from dspark.protocols import (
+    DraftBlock,
+    Drafter,
+    GenerationResult,
+    RoundLog,
+    SamplingParams,
+    SequenceState,
+    drafts_after_prompt,
+)
 from dspark.sampling import batch_probs, verify
 from dspark.targets import TargetAdapter, TargetCache
 
@@ -162,6 +170,8 @@ def speculative_generate(
     while cut is None or cut.finish_reason is None:
         # A round emits at most K+1 tokens; never draft past the budget.
         max_len = min(block_size, max_new - len(generated) - 1)
+        if not generated and drafter is not None and not drafts_after_prompt(drafter):
+            max_len = 0  # its first-round drafts are never accepted (protocols.drafts_after_prompt)
         block = (
             drafter.propose([req.state], max_len, [params])
             if drafter is not None and max_len > 0

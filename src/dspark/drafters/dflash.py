@@ -283,6 +283,8 @@ def hold_backbone(owner: nn.Module, config, dims: DecoderDims) -> DFlashBackbone
 class DFlashDrafter(nn.Module):
     """The DFlash drafter: every slot of the block sampled independently from its logits."""
 
+    drafts_after_prompt = False  # trained on response anchors (protocols.drafts_after_prompt)
+
     def __init__(self, config: DFlashConfig, dims: DecoderDims) -> None:
         super().__init__()
         hold_backbone(self, config, dims)

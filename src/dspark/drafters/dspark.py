@@ -76,6 +76,7 @@ class DSparkDrafter(nn.Module):
     """
 
     backbone: DFlashBackbone
+    drafts_after_prompt = False  # trained on response anchors (protocols.drafts_after_prompt)
 
     def __init__(self, config: DSparkConfig, dims: DecoderDims) -> None:
         super().__init__()

@@ -102,6 +102,8 @@ class Eagle3Layer(nn.Module):
 class Eagle3Drafter(nn.Module):
     """Eagle3; attribute names give the keys of SPEC §5.4 (``layers.0.hidden_norm`` etc.)."""
 
+    drafts_after_prompt = False  # trained on response anchors (protocols.drafts_after_prompt)
+
     def __init__(self, config: Eagle3Config, dims: DecoderDims) -> None:
         super().__init__()
         if config.target_layer_ids is None:

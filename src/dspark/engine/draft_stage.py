@@ -25,7 +25,7 @@ from torch import Tensor
 from dspark.engine.config import EngineConfig, EngineStats
 from dspark.engine.payoff_drafting import PayoffDrafting
 from dspark.engine.requests import Finish, Request
-from dspark.protocols import DraftBlock, Drafter
+from dspark.protocols import DraftBlock, Drafter, drafts_after_prompt
 from dspark.scheduler import (
     ConfidenceEstimator,
     Policy,
@@ -65,6 +65,8 @@ class DraftStage:
         self._draft_s_per_request: float | None = None  # EMA of drafting seconds per drafted request
         self._told_unprofitable = False  # logged once that cost-aware drafting stopped drafting
         self._payoff_caps: dict[int, int] = {}  # this step's ℓ per drafting request
+        # in a request's first round too (protocols.drafts_after_prompt)
+        self._after_prompt = drafter is None or drafts_after_prompt(drafter)
 
     # -- draft --------------------------------------------------------------------------
 
@@ -114,6 +116,7 @@ class DraftStage:
             for r, worth in zip(decoding, pays)
             if self.drafter is not None
             and r.draft_budget > 0
+            and (r.generated or self._after_prompt)
             and r.predictor.should_draft(
                 self.config.early_exit,
                 self.config.probe_every,

@@ -32,7 +32,7 @@ import torch
 
 from dspark.drafters.ngram import NgramConfig, NgramDrafter
 from dspark.drafters.request_state import sync_requests
-from dspark.protocols import DraftBlock, Drafter
+from dspark.protocols import DraftBlock, Drafter, drafts_after_prompt
 from dspark.scheduler import SpsTable
 from dspark.scheduler.payoff import (
     PLAIN,
@@ -104,6 +104,8 @@ class PayoffDrafting:
     ) -> None:
         is_ngram = isinstance(drafter, NgramDrafter)
         self.model = None if is_ngram else drafter
+        # the model drafts in a request's first round too (protocols.drafts_after_prompt)
+        self.model_after_prompt = self.model is None or drafts_after_prompt(self.model)
         if is_ngram:
             self.ngram: NgramDrafter | None = drafter
         elif choose_proposer:
@@ -273,8 +275,11 @@ class PayoffDrafting:
             model_s: np.ndarray | float = costs.draft_s.get(MODEL, 0.0)
             if MODEL in costs.draft_s and self.sync_line.w:  # + each request's catch-up
                 model_s = model_s + self.catch_up_charge(decoding)
-            caps[MODEL] = budget
-            gains[MODEL] = gains_of(MODEL, budget, model_s)
+            if not self.model_after_prompt:  # not in a request's first round, right after its prompt
+                caps[MODEL] = np.where([len(r.generated) > 0 for r in decoding], budget, 0)  # [R]
+            else:
+                caps[MODEL] = budget
+            gains[MODEL] = gains_of(MODEL, caps[MODEL], model_s)
             probe_costs[MODEL] = batch_probe_cost(
                 nets[MODEL], config.probe_length, draft_s=model_s, call_s=call_s, costs=costs,
                 margin=config.margin,

@@ -21,25 +21,36 @@ import torch
 
 from dspark.calibration.collect import ConfidenceRounds, RoundRecorder
 from dspark.engine import Engine, EngineConfig
-from dspark.protocols import DraftBlock, Drafter, GenerationResult, SamplingParams, SequenceState
+from dspark.protocols import (
+    DraftBlock,
+    Drafter,
+    GenerationResult,
+    SamplingParams,
+    SequenceState,
+    drafts_after_prompt,
+)
 from dspark.targets import TargetAdapter
 
 
 class _ConfidenceTap:
-    """A drafter that forwards every call and keeps the confidences ``[K]`` of each proposal."""
+    """A drafter that forwards every call and keeps the confidences ``[K]`` of each proposal,
+    by the request's token count when it was made (a round need not draft: the first does not
+    for a drafter that cannot draft after the prompt)."""
 
     def __init__(self, drafter: Drafter) -> None:
         self.drafter = drafter
         self.target_layer_ids = drafter.target_layer_ids
         self.block_size = drafter.block_size
-        self.confidences: list[torch.Tensor | None] = []
+        self.drafts_after_prompt = drafts_after_prompt(drafter)
+        self.confidences: dict[int, torch.Tensor | None] = {}  # len(token_ids) -> [K]
 
     def propose(
         self, states: list[SequenceState], max_len: int, sampling: list[SamplingParams]
     ) -> DraftBlock:
         assert len(states) == 1, "the tap follows one request"
         block = self.drafter.propose(states, max_len, sampling)
-        self.confidences.append(None if block.confidences is None else block.confidences[0].detach().cpu())
+        conf = None if block.confidences is None else block.confidences[0].detach().cpu()
+        self.confidences[len(states[0].token_ids)] = conf
         return block
 
     def update(self, state: SequenceState, num_accepted: int, new_features: torch.Tensor | None) -> None:
@@ -70,8 +81,10 @@ def engine_answer(
     engine = Engine(target, tap, config)
     result = engine.generate([prompt_ids], params)[0]
     recorder = RoundRecorder(group=group)
-    for conf, round_ in zip(tap.confidences if tap else [], result.rounds):
-        k = round_.proposed
+    position = len(prompt_ids)  # the request's token count at the start of each round
+    for round_ in result.rounds:
+        conf, k = (tap.confidences.get(position) if tap else None), round_.proposed
+        position += round_.emitted
         if conf is not None and k > 0:
             block = DraftBlock(torch.zeros(1, k, dtype=torch.long), torch.tensor([k]), None, conf[None, :k])
             recorder(block, round_.accepted)

@@ -26,7 +26,9 @@ def drafter(target):
 
 
 def test_only_the_request_with_non_finite_drafts_fails_and_the_batch_goes_on(target, drafter):
-    params = SamplingParams(temperature=1.0, max_tokens=16, seed=5)
+    # a seed whose clean answer (and its drafts) never meets the poisoned token: alone, it runs
+    # to its length (asserted below), so any failure beside the poisoned request is contagion
+    params = SamplingParams(temperature=1.0, max_tokens=16, seed=1)
     clean, poisoned = [3, 4, 5, 6, 7], [3, 4, POISONED, 6, 7]
 
     def run(prompts):
@@ -37,6 +39,7 @@ def test_only_the_request_with_non_finite_drafts_fails_and_the_batch_goes_on(tar
         return [engine.pop_result(i) for i in ids], engine
 
     (alone,), _ = run([clean])
+    assert alone.finish_reason == "length"
     (bad, good), engine = run([poisoned, clean])
     assert bad.finish_reason == "error" and "non-finite probabilities" in bad.error
     assert good.finish_reason == "length" and good.token_ids == alone.token_ids  # untouched by its neighbour

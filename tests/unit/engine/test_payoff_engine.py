@@ -8,6 +8,7 @@ controller's decisions, and these assertions, never read a wall clock.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -360,3 +361,63 @@ def test_a_batch_that_decodes_plainly_reuses_its_plan_with_the_same_decisions(
     assert every_stats.quiet_plans == 0 and every_payoff.reused == 0
     assert stats.quiet_plans == payoff.reused > len(reused) / 2  # most rounds reuse the plan
     assert payoff.planned + payoff.reused == every_payoff.planned == len(every)
+
+
+class BlindAfterPromptOracle(NoisyOracleDrafter):
+    """Right on every draft except in a request's first round, where it never is: a drafter
+    trained on response anchors only (SPEC §6), as the shipped ones are."""
+
+    def __init__(self, references, vocab_size: int, *, drafts_after_prompt: bool) -> None:
+        super().__init__(references, vocab_size, error=0.0)
+        self.drafts_after_prompt = drafts_after_prompt
+        self.first_round_calls = 0
+
+    def propose(self, states, max_len, sampling):
+        block = super().propose(states, max_len, sampling)
+        for r, s in enumerate(states):
+            if len(s.token_ids) == s.prompt_len:
+                self.first_round_calls += 1
+                block.tokens[r] = (block.tokens[r] + 1) % self.vocab_size  # every draft wrong
+                block.probs[r] = torch.nn.functional.one_hot(block.tokens[r], self.vocab_size).float()
+        return block
+
+
+@pytest.mark.parametrize("payoff", [True, False])
+def test_a_drafter_that_cannot_draft_after_the_prompt_is_not_asked_there(target, sps, payoff):
+    """Its first-round drafts would all be rejected: that round decodes plainly, output unchanged.
+    Under payoff control the certain rejections no longer reach the pooled acceptance: asked
+    there, they taught the controller that the model never pays, and it stopped drafting."""
+    prompts = make_prompts(8, seed=17, min_len=10)
+    refs = greedy_references(target, prompts, 40)
+    references = {tuple(p): r for p, (r, _) in zip(prompts, refs)}
+    # drafting priced free: an untried model is tried at once, in some request's first round
+    config = payoff_config(8, costs=(("model", 0.0), ("ngram", 0.0)), choose_proposer=False)
+    config = config if payoff else dataclasses.replace(config, payoff=False)
+    stats = {}
+    for skips in (True, False):
+        drafter = BlindAfterPromptOracle(references, VOCAB, drafts_after_prompt=not skips)
+        engine = Engine(target, drafter, config, sps=sps)
+        results = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=40))
+        assert [r.token_ids for r in results] == [r for r, _ in refs]
+        stats[skips] = (engine.stats, drafter.first_round_calls)
+    (skipped, calls), (asked, asked_calls) = stats[True], stats[False]
+    assert calls == 0 and asked_calls > 0
+    if payoff:  # asked once (one request tries an untried model), then held back by that miss
+        assert asked_calls == 1 and asked.model_probes > skipped.model_probes
+        assert skipped.model_rounds > asked.model_rounds and skipped.steps < 0.7 * asked.steps
+    else:
+        assert asked_calls == len(prompts) and skipped.steps <= asked.steps
+
+
+def test_the_decoding_loop_does_not_ask_it_after_the_prompt_either(target):
+    from dspark.decoding import speculative_generate
+
+    prompt = make_prompts(1, seed=23, min_len=10)[0]
+    ref = greedy_references(target, [prompt], 30)[0][0]
+    for asked in (False, True):
+        drafter = BlindAfterPromptOracle({tuple(prompt): ref}, VOCAB, drafts_after_prompt=asked)
+        result = speculative_generate(target, drafter, prompt, SamplingParams(temperature=0.0, max_tokens=30))
+        assert result.token_ids == ref
+        assert drafter.first_round_calls == int(asked)
+        first = result.rounds[0]
+        assert (first.proposed, first.accepted, first.emitted) == ((7, 0, 1) if asked else (0, 0, 1))

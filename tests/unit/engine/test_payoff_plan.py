@@ -61,8 +61,8 @@ def reference_plan(payoff: PayoffDrafting, decoding: list[Request], K: int):
             )
         every_costs.append(own)
         caps = {NGRAM: len(lookups[req.id])} if payoff.ngram is not None else {}
-        if payoff.model is not None:
-            caps[MODEL] = n
+        if payoff.model is not None:  # not in a first round, for a drafter that cannot draft there
+            caps[MODEL] = n if req.generated or payoff.model_after_prompt else 0
         every_caps.append(caps)
     tried = MODEL in payoff.pooled
     call_s = payoff.model_call_s(len(decoding)) if tried else 0.0
