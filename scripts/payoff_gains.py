@@ -1,0 +1,92 @@
+"""What the payoff controller priced, against fixed drafting, on one cell (issue 17).
+
+Runs the same greedy requests twice through the engine, tiny target, fp32, one thread:
+under payoff control (logging each round's priced gain of the model drafter per request,
+whether its shared call was blocked, and the costs and pooled rates it priced with), then
+with the static ``fixed`` policy. Prints both runs' speed per CPU-second, rounds by proposer,
+the distribution of the priced gains, and the acceptance by round index (rounds counted
+from the prompt), which is where a systematic miss shows.
+
+    python scripts/payoff_gains.py dspark 16 /work/shared/benchmarks/gsm8k.jsonl
+
+Instrumentation by wrapping internals: a benchmark aid, not an API.
+"""
+
+# ruff: noqa: E501 (report lines)
+import itertools
+import sys
+import time
+
+import numpy as np
+import torch
+
+import dspark.engine.payoff_drafting as PD
+from dspark.commands.loading import load_inference_target
+from dspark.data.chat import prompt_ids
+from dspark.data.prompts import load_prompts
+from dspark.drafters.registry import build_drafter
+from dspark.engine import Engine, EngineConfig
+from dspark.protocols import SamplingParams
+
+torch.set_num_threads(1)
+name, c, prompt_set = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+target = load_inference_target(None, "float32")
+drafter = build_drafter(name, target)
+ids = [prompt_ids(target.tokenizer, p) for p in load_prompts(prompt_set, 4)]
+reqs = list(itertools.islice(itertools.cycle(ids), c))
+rounds_log, costs_log = [], []
+quiet_margin, costs = PD.quiet_margin, PD.PayoffDrafting.costs
+
+
+def logged_margin(gains, **k):
+    rounds_log.append(({n: g.copy() for n, g in gains.items()}, bool(k["blocked"])))
+    return quiet_margin(gains, **k)
+
+
+def logged_costs(self, R):
+    out = costs(self, R)
+    pooled = {n: tuple(round(float(x), 3) for x in r.rates(self.config)) for n, r in self.pooled.items()}
+    costs_log.append((R, out, self.model_call_s(R) if "model" in self.pooled else 0.0, pooled))
+    return out
+
+
+PD.quiet_margin, PD.PayoffDrafting.costs = logged_margin, logged_costs
+for payoff in (True, False):
+    engine = Engine(
+        target,
+        drafter,
+        EngineConfig(block_size=7, policy="fixed", max_batch=c, max_seq_len=600, payoff=payoff),
+    )
+    engine.generate(reqs[:1], SamplingParams(temperature=0.0, max_tokens=4))
+    rounds_log.clear(), costs_log.clear()
+    started = time.thread_time()
+    results = engine.generate(reqs, SamplingParams(temperature=0.0, max_tokens=64))
+    seconds = time.thread_time() - started
+    s = engine.stats
+    print(
+        f"{'payoff' if payoff else 'fixed'}: {sum(len(r.token_ids) for r in results) / seconds:.1f} tokens/CPU-s, "
+        f"{s.steps} steps; request-rounds by n-gram {s.ngram_rounds}, model {s.model_rounds} (probes {s.model_probes}); "
+        f"accepted {s.accepted} of {s.verified} verified"
+    )
+    if payoff and rounds_log:
+        G = np.concatenate([g["model"] for g, _ in rounds_log if "model" in g])
+        G = G[np.isfinite(G)]
+        print(
+            f"  priced model gain per request-round: mean {G.mean():.3f} tokens, > 0 in {np.mean(G > 0):.0%}; deciles 1/5/9 {np.round(np.quantile(G, [0.1, 0.5, 0.9]), 3).tolist()}"
+        )
+        print(f"  the model's shared call blocked in {np.mean([b for _, b in rounds_log]):.0%} of rounds")
+        for R, priced, call_s, pooled in costs_log[:: max(len(costs_log) // 4, 1)]:
+            print(
+                f"  R={R}: verify +7 = {priced.verify_s[-1] * 1e3:.2f} ms, rho {priced.tokens_per_s:.0f} tokens/s, draft ms "
+                f"{ {k: round(v * 1e3, 3) for k, v in priced.draft_s.items()} }, call {call_s * 1e3:.2f} ms, pooled (e, q) {pooled}"
+            )
+    by_round: dict[int, list[int]] = {}
+    for r in results:
+        for i, rd in enumerate(r.rounds):
+            if rd.proposed:
+                acc = by_round.setdefault(i, [0, 0])
+                acc[0], acc[1] = acc[0] + 1, acc[1] + rd.accepted
+    print(
+        "  round index: request-rounds drafted, accepted per drafted round:",
+        [(i, n, round(a / n, 2)) for i, (n, a) in sorted(by_round.items())[:8]],
+    )
