@@ -33,7 +33,7 @@ name, c, prompt_set = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 target = load_inference_target(None, "float32")
 drafter = build_drafter(name, target)
 ids = [prompt_ids(target.tokenizer, p) for p in load_prompts(prompt_set, 4)]
-reqs = list(itertools.islice(itertools.cycle(ids), c))
+reqs = list(itertools.islice(itertools.cycle(ids), max(c, 4)))  # as `bench matrix`: 4 requests at least
 rounds_log, costs_log = [], []
 quiet_margin, costs = PD.quiet_margin, PD.PayoffDrafting.costs
 
