@@ -4,8 +4,10 @@ Runs the same greedy requests twice through the engine, tiny target, fp32, one t
 under payoff control (logging each round's priced gain of the model drafter per request,
 whether its shared call was blocked, and the costs and pooled rates it priced with), then
 with the static ``fixed`` policy. Prints both runs' speed per CPU-second, rounds by proposer,
-the distribution of the priced gains, and the acceptance by round index (rounds counted
-from the prompt), which is where a systematic miss shows.
+the distribution of the priced gains, the acceptance by round index (rounds counted
+from the prompt), which is where a systematic miss shows, and the tokens each chosen model
+round was expected to accept (``expected_accepted`` at the request's shrunk rates and the
+chosen cap) against what it accepted: a biased acceptance model shows there.
 
     python scripts/payoff_gains.py dspark 16 /work/shared/benchmarks/gsm8k.jsonl
 
@@ -27,6 +29,8 @@ from dspark.data.prompts import load_prompts
 from dspark.drafters.registry import build_drafter
 from dspark.engine import Engine, EngineConfig
 from dspark.protocols import SamplingParams
+from dspark.scheduler.payoff import expected_accepted
+from dspark.scheduler.payoff_batch import batch_rates
 
 torch.set_num_threads(1)
 name, c, prompt_set = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -35,7 +39,8 @@ drafter = build_drafter(name, target)
 ids = [prompt_ids(target.tokenizer, p) for p in load_prompts(prompt_set, 4)]
 reqs = list(itertools.islice(itertools.cycle(ids), max(c, 4)))  # as `bench matrix`: 4 requests at least
 rounds_log, costs_log = [], []
-quiet_margin, costs = PD.quiet_margin, PD.PayoffDrafting.costs
+expected: dict[tuple[int, int], float] = {}  # (request id, tokens generated) -> E(ℓ) of a model round
+quiet_margin, costs, plan = PD.quiet_margin, PD.PayoffDrafting.costs, PD.PayoffDrafting.plan
 
 
 def logged_margin(gains, **k):
@@ -50,7 +55,17 @@ def logged_costs(self, R):
     return out
 
 
-PD.quiet_margin, PD.PayoffDrafting.costs = logged_margin, logged_costs
+def logged_plan(self, decoding, K):
+    choices, lookups = plan(self, decoding, K)
+    prior = self.pooled["model"].rates(self.config) if "model" in self.pooled else None
+    for req, choice in zip(decoding, choices):
+        if choice.proposer == "model":
+            e, q = batch_rates([req.payoff.records.get("model")], self.config, prior)
+            expected[req.id, len(req.generated)] = expected_accepted(float(e[0]), float(q[0]), choice.length)
+    return choices, lookups
+
+
+PD.quiet_margin, PD.PayoffDrafting.costs, PD.PayoffDrafting.plan = logged_margin, logged_costs, logged_plan
 for payoff in (True, False):
     engine = Engine(
         target,
@@ -58,7 +73,8 @@ for payoff in (True, False):
         EngineConfig(block_size=7, policy="fixed", max_batch=c, max_seq_len=600, payoff=payoff),
     )
     engine.generate(reqs[:1], SamplingParams(temperature=0.0, max_tokens=4))
-    rounds_log.clear(), costs_log.clear()
+    rounds_log.clear(), costs_log.clear(), expected.clear()
+    first_id = engine._next_id  # the requests' ids, in prompt order
     started = time.thread_time()
     results = engine.generate(reqs, SamplingParams(temperature=0.0, max_tokens=64))
     seconds = time.thread_time() - started
@@ -80,6 +96,18 @@ for payoff in (True, False):
                 f"  R={R}: verify +7 = {priced.verify_s[-1] * 1e3:.2f} ms, rho {priced.tokens_per_s:.0f} tokens/s, draft ms "
                 f"{ {k: round(v * 1e3, 3) for k, v in priced.draft_s.items()} }, call {call_s * 1e3:.2f} ms, pooled (e, q) {pooled}"
             )
+    pairs = []  # (expected, accepted) of each chosen model round
+    for offset, r in enumerate(results):
+        done = 0
+        for rd in r.rounds:
+            if (first_id + offset, done) in expected and rd.proposed:
+                pairs.append((expected[first_id + offset, done], rd.accepted))
+            done += rd.emitted
+    if pairs:
+        want, got = np.mean(pairs, axis=0)
+        print(
+            f"  model rounds: expected to accept {want:.2f} tokens, accepted {got:.2f} ({len(pairs)} rounds)"
+        )
     by_round: dict[int, list[int]] = {}
     for r in results:
         for i, rd in enumerate(r.rounds):
