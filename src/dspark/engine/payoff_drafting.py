@@ -321,7 +321,9 @@ class PayoffDrafting:
         # Every request decodes plainly, the n-gram could not pay even with a whole block (so
         # only due lookups run), and no probe falls due for a while: the next rounds keep this.
         rounds = min(QUIET_REPLAN - 1, int(margin.min())) if R else 0
-        if rounds > 0 and ngram_hopeless:
+        # (a request in its first round may draft with the model in its next: price that one)
+        first_round = not self.model_after_prompt and any(not r.generated for r in decoding)
+        if rounds > 0 and ngram_hopeless and not first_round:
             self._quiet = (tuple(r.id for r in decoding), K, rounds)
         choices = [PLAIN] * R
         for i in np.flatnonzero(quiet).tolist():
