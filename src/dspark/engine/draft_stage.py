@@ -65,7 +65,7 @@ class DraftStage:
         self._draft_s_per_request: float | None = None  # EMA of drafting seconds per drafted request
         self._told_unprofitable = False  # logged once that cost-aware drafting stopped drafting
         self._payoff_caps: dict[int, int] = {}  # this step's ℓ per drafting request
-        # in a request's first round too (protocols.drafts_after_prompt)
+        # whether the drafter is asked in a request's first round too (protocols.drafts_after_prompt)
         self._after_prompt = drafter is None or drafts_after_prompt(drafter)
 
     # -- draft --------------------------------------------------------------------------
