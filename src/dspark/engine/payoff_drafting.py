@@ -235,6 +235,8 @@ class PayoffDrafting:
             return self._quiet_round(decoding, K, quiet[2])
         self.planned += 1
         R, config = len(decoding), self.config
+        # requests in their first round, where a drafter trained on response anchors is not asked
+        first = [] if self.model_after_prompt else [not r.generated for r in decoding]
         costs = self.costs(R)
         priors = {name: record.rates(config) for name, record in self.pooled.items()}
         ctrls = [r.payoff for r in decoding]
@@ -253,16 +255,9 @@ class PayoffDrafting:
         caps: dict[str, np.ndarray] = {}
         ngram_hopeless = True  # for every request (or no n-gram)
         if self.ngram is not None:
-            # While even a full block would not pay, look up only to refresh the shadow
-            # evidence, every SHADOW_EVERY tokens: a lookup per request per step is not free.
             hopeless = gains_of(NGRAM, budget, costs.draft_s.get(NGRAM, 0.0))[0] <= 0  # [R]
             ngram_hopeless = bool(hopeless.all())
-            lo, hi, started = self.ngram.config.min_n, self.ngram.config.max_n, self.clock()
-            for req, n, lost in zip(decoding, budget.tolist(), hopeless.tolist()):
-                due = req.shadow is None and len(req.generated) % SHADOW_EVERY == 0
-                skip = n == 0 or (lost and not due)
-                lookups[req.id] = [] if skip else req.positions.lookup(req.state.token_ids, n, lo, hi)
-            self._measured(NGRAM, self.clock() - started, R)
+            lookups = self._lookups(decoding, budget.tolist(), hopeless.tolist())
             caps[NGRAM] = np.array([len(lookups[r.id]) for r in decoding], dtype=np.int64)
             gains[NGRAM] = gains_of(NGRAM, caps[NGRAM], costs.draft_s.get(NGRAM, 0.0))
         tried = MODEL in self.pooled
@@ -275,10 +270,7 @@ class PayoffDrafting:
             model_s: np.ndarray | float = costs.draft_s.get(MODEL, 0.0)
             if MODEL in costs.draft_s and self.sync_line.w:  # + each request's catch-up
                 model_s = model_s + self.catch_up_charge(decoding)
-            if not self.model_after_prompt:  # not in a request's first round, right after its prompt
-                caps[MODEL] = np.where([len(r.generated) > 0 for r in decoding], budget, 0)  # [R]
-            else:
-                caps[MODEL] = budget
+            caps[MODEL] = np.where(first, 0, budget) if first else budget  # [R]
             gains[MODEL] = gains_of(MODEL, caps[MODEL], model_s)
             probe_costs[MODEL] = batch_probe_cost(
                 nets[MODEL], config.probe_length, draft_s=model_s, call_s=call_s, costs=costs,
@@ -322,8 +314,7 @@ class PayoffDrafting:
         # only due lookups run), and no probe falls due for a while: the next rounds keep this.
         rounds = min(QUIET_REPLAN - 1, int(margin.min())) if R else 0
         # (a request in its first round may draft with the model in its next: price that one)
-        first_round = not self.model_after_prompt and any(not r.generated for r in decoding)
-        if rounds > 0 and ngram_hopeless and not first_round:
+        if rounds > 0 and ngram_hopeless and not any(first):
             self._quiet = (tuple(r.id for r in decoding), K, rounds)
         choices = [PLAIN] * R
         for i in np.flatnonzero(quiet).tolist():
@@ -355,13 +346,9 @@ class PayoffDrafting:
         would decide while the gains and costs it priced hold."""
         self.reused += 1
         lookups: dict[int, list[int]] = {}
-        if self.ngram is not None:
-            lo, hi, started = self.ngram.config.min_n, self.ngram.config.max_n, self.clock()
-            for req in decoding:
-                n = min(K, max(req.draft_budget, 0))
-                due = n > 0 and req.shadow is None and len(req.generated) % SHADOW_EVERY == 0
-                lookups[req.id] = req.positions.lookup(req.state.token_ids, n, lo, hi) if due else []
-            self._measured(NGRAM, self.clock() - started, len(decoding))
+        if self.ngram is not None:  # the reused plan found the n-gram hopeless for every request
+            budget = [min(K, max(r.draft_budget, 0)) for r in decoding]
+            lookups = self._lookups(decoding, budget, [True] * len(decoding))
         for req in decoding:
             req.payoff.skipped += 1
         choices = [PLAIN] * len(decoding)
@@ -369,6 +356,19 @@ class PayoffDrafting:
         if rounds > 1:
             self._quiet = (tuple(r.id for r in decoding), K, rounds - 1)
         return choices, lookups
+
+    def _lookups(self, decoding: list, budget: list[int], hopeless: list[bool]) -> dict[int, list[int]]:
+        """Each request's n-gram lookup of up to its budget (request id -> tokens). While even a
+        whole block would not pay (``hopeless``), only every ``SHADOW_EVERY`` tokens, to refresh
+        the shadow evidence: a lookup per request per step is not free."""
+        lo, hi, started = self.ngram.config.min_n, self.ngram.config.max_n, self.clock()
+        lookups = {}
+        for req, n, lost in zip(decoding, budget, hopeless):
+            due = req.shadow is None and len(req.generated) % SHADOW_EVERY == 0
+            skip = n == 0 or (lost and not due)
+            lookups[req.id] = [] if skip else req.positions.lookup(req.state.token_ids, n, lo, hi)
+        self._measured(NGRAM, self.clock() - started, len(decoding))
+        return lookups
 
     def catch_up_charge(self, decoding: list) -> np.ndarray:
         """``[R]``: the seconds of each request's catch-up (:meth:`catch_up_batch`) charged to this
