@@ -32,6 +32,7 @@ import torch
 
 from dspark.drafters.ngram import NgramConfig, NgramDrafter
 from dspark.drafters.request_state import sync_requests
+from dspark.engine.merged_block import merge_blocks
 from dspark.protocols import DraftBlock, Drafter, drafts_after_prompt
 from dspark.scheduler import SpsTable
 from dspark.scheduler.payoff import (
@@ -492,45 +493,3 @@ def join_probe_call(
         rival = max([0.0] + [float(g[i]) for name, (g, _) in gains.items() if name != MODEL])
         if g_model[i] > rival:
             choices[i] = ctrls[i].drafts(MODEL, int(ell_model[i]))
-
-
-def merge_blocks(
-    parts: list[tuple[list, DraftBlock]],
-    K: int,
-    vocab_size: int,
-    fill_confidences: Callable[[torch.Tensor], torch.Tensor],
-) -> DraftBlock:
-    """Rows of every part, in order, padded to K drafts; confidences kept iff some part has them."""
-    parts = [(reqs, b) for reqs, b in parts if reqs]
-    if not parts:
-        return DraftBlock.empty(0, vocab_size)
-    if len(parts) == 1 and parts[0][1].max_len == K:
-        return parts[0][1]
-    ref = next(b.probs for _, b in parts if b.probs is not None and b.max_len > 0)
-    tokens, lengths, probs, confs = [], [], [], []
-    with_conf = any(b.confidences is not None for _, b in parts)
-    for _, b in parts:
-        n, k = b.tokens.shape
-        t = torch.zeros(n, K, dtype=torch.long)
-        t[:, :k] = b.tokens.cpu()
-        p = ref.new_zeros(n, K, ref.shape[-1])  # [n, K, V]
-        if k:
-            p[:, :k] = b.probs.to(p)
-        tokens.append(t)
-        lengths.append(b.lengths.cpu().clamp(max=K))
-        probs.append(p)
-        if with_conf:
-            c = (
-                b.confidences.cpu().float()
-                if b.confidences is not None
-                else fill_confidences(p).cpu().float()
-            )
-            cc = torch.zeros(n, K)
-            cc[:, : c.shape[1]] = c[:, :K]
-            confs.append(cc)
-    return DraftBlock(
-        tokens=torch.cat(tokens),
-        lengths=torch.cat(lengths),
-        probs=torch.cat(probs),
-        confidences=torch.cat(confs) if with_conf else None,
-    )
