@@ -8,7 +8,9 @@ costs no round repays, so the controller itself decodes plainly and only probes;
 cost is ``probe_budget`` of plain decoding) against the probe clock alone (``clock``: every
 probe costed 0, the controller before issue 17's probe pricing); ``values``:
 ``PayoffConfig.value_probes`` on (``valued``: a probe worth its cost is due with the probe
-clock) against the controller as shipped, with it off (``priced``).
+clock) against the controller as shipped, with it off (``priced``); ``realism``: the
+controller as shipped (``realism``: first-draft rates scaled by the realised/expected
+ratio of chosen rounds) against the same without that scaling (``naive``).
 
     python scripts/bench_floor.py DRAFTER PROMPTS.jsonl[,...] 16,64 [REPEATS] [MODE]
 
@@ -92,9 +94,11 @@ repeats = int(sys.argv[4]) if len(sys.argv) > 4 else 3
 MODE = (
     sys.argv[5] if len(sys.argv) > 5 else "override"
 )  # or "unprofitable" (fixed prices nothing repays), "probes"
-VARIANTS = {"probes": ("plain", "clock", "priced"), "values": ("plain", "priced", "valued")}.get(
-    MODE, ("plain", "never")
-)
+VARIANTS = {
+    "probes": ("plain", "clock", "priced"),
+    "values": ("plain", "priced", "valued"),
+    "realism": ("plain", "naive", "realism"),
+}.get(MODE, ("plain", "never"))
 params = SamplingParams(temperature=0.0, max_tokens=64)
 for (name, prompts), c in itertools.product(sets.items(), conc):
     ids = [prompt_ids(target.tokenizer, p) for p in prompts]
@@ -117,6 +121,8 @@ for (name, prompts), c in itertools.product(sets.items(), conc):
             eng = Engine(target, drafter if variant != "plain" else None, cfg)
             if variant == "valued":
                 eng.payoff.config = dataclasses.replace(eng.payoff.config, value_probes=True)
+            if variant == "naive":
+                eng.payoff.config = dataclasses.replace(eng.payoff.config, realism_strength=0.0)
             NEVER[0] = variant == "never" and MODE == "override"
             UNPRICED[0] = variant == "clock"
             eng.generate(reqs[:1], SamplingParams(temperature=0.0, max_tokens=4))
@@ -130,7 +136,7 @@ for (name, prompts), c in itertools.product(sets.items(), conc):
             d = tot.setdefault(variant, {})
             for k, v in acc.items():
                 d[k] = d.get(k, 0.0) + v
-    if MODE in ("probes", "values"):
+    if MODE in ("probes", "values", "realism"):
         p = tot["plain"]
         for v in VARIANTS[1:]:
             n = tot[v]

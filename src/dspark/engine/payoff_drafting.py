@@ -41,8 +41,11 @@ from dspark.scheduler.payoff import (
     Choice,
     PayoffConfig,
     PayoffController,
+    Realism,
     RoundCosts,
+    expected_accepted,
     shadow_outcome,
+    start_shadows,
 )
 from dspark.scheduler.payoff_batch import (
     batch_net,
@@ -50,6 +53,7 @@ from dspark.scheduler.payoff_batch import (
     batch_probe_value,
     batch_rates,
     best_of,
+    join_probe_call,
     pooled_probe_value,
     quiet_margin,
     shared_call_repaid,
@@ -141,6 +145,7 @@ class PayoffDrafting:
         # Every request's outcomes pooled per proposer, slowly forgotten: the prior a request's
         # own rates shrink to (a new request starts from what the others saw, not from 0.5).
         self.pooled: dict[str, AcceptanceRecord] = {}
+        self.realism: dict[str, Realism] = {}  # per proposer, over the rounds chosen to draft
         # (request ids, K, rounds left) while the last plan holds (``QUIET_REPLAN``)
         self._quiet: tuple[tuple[int, ...], int, int] | None = None
         self.planned = self.reused = 0  # rounds priced in full / by the last quiet plan
@@ -240,15 +245,19 @@ class PayoffDrafting:
         first = [] if self.model_after_prompt else [not r.generated for r in decoding]
         costs = self.costs(R)
         priors = {name: record.rates(config) for name, record in self.pooled.items()}
+        scales = self.scales()
         ctrls = [r.payoff for r in decoding]
         budget = np.array([min(K, max(r.draft_budget, 0)) for r in decoding], dtype=np.int64)  # [R]
 
         nets: dict[str, np.ndarray] = {}  # proposer -> net gains [R, K] (``batch_net``)
+        rates: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # proposer -> (e [R], q [R]) unscaled
 
         def gains_of(name: str, caps: np.ndarray, draft_s) -> tuple[np.ndarray, np.ndarray]:
             if name not in nets:
-                e, q = batch_rates([c.records.get(name) for c in ctrls], config, priors.get(name))
-                nets[name] = batch_net(e, q, costs, config.margin)
+                e, q = rates[name] = batch_rates(
+                    [c.records.get(name) for c in ctrls], config, priors.get(name)
+                )
+                nets[name] = batch_net(np.minimum(e * scales.get(name, 1.0), 1.0), q, costs, config.margin)
             return best_of(nets[name], caps, draft_s, costs.tokens_per_s)
 
         lookups: dict[int, list[int]] = {}
@@ -279,16 +288,17 @@ class PayoffDrafting:
             )  # fmt: skip
             if config.value_probes:
                 records = [c.records.get(MODEL) for c in ctrls]
+                scale = scales.get(MODEL, 1.0)  # prices the gains; a probe's hit chance is unscaled
                 e_now = batch_rates(records, config, priors.get(MODEL))[0]
                 left = np.array([max(r.draft_budget + 1, 1) for r in decoding], dtype=np.float64)  # [R]
                 probe_values[MODEL] = batch_probe_value(
                     records, e_now, budget, left, draft_s=model_s, costs=costs, config=config,
-                    prior=priors.get(MODEL),
+                    prior=priors.get(MODEL), scale=scale,
                 )  # fmt: skip
                 if MODEL in self.pooled:  # and what it tells every request through the pool,
                     public = pooled_probe_value(
                         self.pooled[MODEL], records, budget, left, draft_s=model_s, costs=costs,
-                        config=config, pool_memory=POOL_MEMORY,
+                        config=config, pool_memory=POOL_MEMORY, scale=scale,
                     )  # fmt: skip
                     # carried by one probe a round: the cheapest of those the probe clock allows
                     clock_due = (skipped + 1 >= interval) & (gains[MODEL][0] <= 0)
@@ -337,9 +347,19 @@ class PayoffDrafting:
             )  # fmt: skip
             model_tries |= choices[i].proposer == MODEL
         if MODEL in blocked:
-            join_probe_call(choices, ctrls, gains)
-        shadow(decoding, choices, lookups)
+            join_probe_call(choices, ctrls, gains, MODEL)
+        for i, (ctrl, choice) in enumerate(zip(ctrls, choices)):
+            real = choice.proposer is not None and not choice.probe
+            ctrl.expecting = None
+            if real:
+                e, q = rates[choice.proposer]
+                ctrl.expecting = (choice.proposer, float(e[i]), float(q[i]))
+        start_shadows(decoding, choices, lookups, NGRAM)
         return choices, lookups
+
+    def scales(self) -> dict[str, float]:
+        """:meth:`Realism.factor` per proposer: the first-draft rates are priced times this."""
+        return {name: r.factor(self.config.realism_strength) for name, r in self.realism.items()}
 
     def _quiet_round(self, decoding: list, K: int, rounds: int) -> tuple[list[Choice], dict[int, list[int]]]:
         """A round under the last plan (every request plain, no probe due): count the skipped
@@ -353,7 +373,7 @@ class PayoffDrafting:
         for req in decoding:
             req.payoff.skipped += 1
         choices = [PLAIN] * len(decoding)
-        shadow(decoding, choices, lookups)
+        start_shadows(decoding, choices, lookups, NGRAM)
         if rounds > 1:
             self._quiet = (tuple(r.id for r in decoding), K, rounds - 1)
         return choices, lookups
@@ -454,6 +474,10 @@ class PayoffDrafting:
             self._observe(req, proposer, verified, accepted)
 
     def _observe(self, req, proposer: str, verified: int, accepted: int) -> None:
+        expecting, req.payoff.expecting = req.payoff.expecting, None
+        if expecting is not None and expecting[0] == proposer:  # a round chosen to draft
+            E = expected_accepted(expecting[1], expecting[2], verified)
+            self.realism.setdefault(proposer, Realism()).observe(E, accepted, self.config.realism_memory)
         req.payoff.observe(proposer, verified, accepted)
         self.pooled.setdefault(proposer, AcceptanceRecord()).observe(verified, accepted, POOL_MEMORY)
 
@@ -466,30 +490,3 @@ class PayoffDrafting:
         if outcome is not None:
             self._observe(req, NGRAM, *outcome)
             req.shadow = None
-
-
-def shadow(decoding: list, choices: list[Choice], lookups: dict[int, list[int]]) -> None:
-    """Start each request's n-gram shadow evaluation from this round's lookup (checked against
-    what it emits), unless the n-gram drafts for it for real this round."""
-    for req, choice in zip(decoding, choices):
-        if choice.proposer == NGRAM:
-            req.shadow = None  # this round observes the n-gram for real
-        elif req.shadow is None and lookups.get(req.id):
-            req.shadow = (len(req.generated), lookups[req.id])
-
-
-def join_probe_call(
-    choices: list[Choice], ctrls: list[PayoffController], gains: Mapping[str, tuple[np.ndarray, np.ndarray]]
-) -> None:
-    """When the model's shared call is blocked (the batch does not repay it) but some request
-    probes it this round, the call is paid anyway: every request whose own gain with the model
-    is positive and beats its current choice drafts with it for real (in place)."""
-    if not any(c.probe and c.proposer == MODEL for c in choices):
-        return
-    g_model, ell_model = gains[MODEL]
-    for i, choice in enumerate(choices):
-        if choice.proposer == MODEL:
-            continue
-        rival = max([0.0] + [float(g[i]) for name, (g, _) in gains.items() if name != MODEL])
-        if g_model[i] > rival:
-            choices[i] = ctrls[i].drafts(MODEL, int(ell_model[i]))

@@ -72,10 +72,18 @@ class PayoffConfig:
     # lift the lock-in it was meant for (44 model rounds against the clock's ~200) and
     # measured no faster (mean 0.938× against 0.931×, ±0.09 noise; BENCHMARKS.md)
     value_probes: bool = False
+    # The rates above are a request's own recent past: a request drafts when they are high,
+    # and they regress to the mean (humaneval, 16 requests, tiny target: chosen model rounds
+    # expected 2.3 accepted drafts and got 1.95). Each proposer's first-draft rate is scaled
+    # by its realised/expected ratio over the rounds chosen to draft (:class:`Realism`),
+    # with this many expected tokens of pseudo-evidence at ratio 1 (0: no scaling).
+    realism_strength: float = 8.0
+    realism_memory: float = 0.99  # per chosen round
 
     def __post_init__(self) -> None:
         ok = 0 <= self.prior_first <= 1 and 0 <= self.prior_later <= 1 and 0 <= self.memory < 1
         ok = ok and self.prior_strength >= 0 and self.pool_strength >= 0 and self.probe_budget > 0
+        ok = ok and self.realism_strength >= 0 and 0 <= self.realism_memory < 1
         if not (ok and self.probe_every >= 1 and self.probe_max >= self.probe_every and self.margin > 0):
             raise ValueError(f"bad payoff config {self}")
 
@@ -132,6 +140,28 @@ class AcceptanceRecord:
         e = (self.first_accepted + s * e0) / (self.first_tested + s)
         q = (self.later_accepted + s * q0) / (self.later_tested + s)
         return e, q
+
+
+@dataclass
+class Realism:
+    """One proposer's accepted drafts against what the acceptance model expected of them, over
+    the rounds it was chosen to draft (not probes, which are chosen where it looks poor).
+
+    Choosing the rounds whose estimate is high selects estimates that are too high (the
+    winner's curse); the decayed ratio ``f = (Σ accepted + s) / (Σ E + s)`` measures by how
+    much, and the controller prices with ``e·f``. History only, so still lossless."""
+
+    expected: float = 0.0
+    accepted: float = 0.0
+
+    def observe(self, expected: float, accepted: int, memory: float) -> None:
+        self.expected = memory * self.expected + expected
+        self.accepted = memory * self.accepted + accepted
+
+    def factor(self, strength: float) -> float:
+        if strength <= 0:
+            return 1.0
+        return (self.accepted + strength) / (self.expected + strength)
 
 
 def expected_accepted(e: float, q: float, length: int) -> float:
@@ -220,6 +250,8 @@ class PayoffController:
 
     config: PayoffConfig = field(default_factory=PayoffConfig)
     records: dict[str, AcceptanceRecord] = field(default_factory=dict)
+    # (proposer, e, q) this round drafts with, as priced before :class:`Realism` scaling
+    expecting: tuple[str, float, float] | None = None
     skipped: int = 0  # consecutive rounds without drafting
     interval: int = 0  # rounds between probes now (0 = config.probe_every)
 
@@ -231,12 +263,15 @@ class PayoffController:
         caps: Mapping[str, int],
         costs: RoundCosts,
         priors: Mapping[str, tuple[float, float]] | None = None,
+        scales: Mapping[str, float] | None = None,
     ) -> dict[str, tuple[float, int]]:
-        """``{proposer: (G, ℓ)}`` for every proposer that can propose (``caps[p] >= 1``)."""
+        """``{proposer: (G, ℓ)}`` for every proposer that can propose (``caps[p] >= 1``);
+        ``scales``: :meth:`Realism.factor` per proposer (missing: 1)."""
         out = {}
         for name, cap in caps.items():
             if cap >= 1:
                 e, q = self.record(name).rates(self.config, (priors or {}).get(name))
+                e = min(1.0, e * (scales or {}).get(name, 1.0))
                 out[name] = best_length(
                     e, q, cap, draft_s=costs.draft_s.get(name, 0.0), costs=costs, margin=self.config.margin
                 )
@@ -253,6 +288,7 @@ class PayoffController:
         gains: Mapping[str, tuple[float, int]] | None = None,
         probe_costs: Mapping[str, float] | None = None,
         probe_values: Mapping[str, float] | None = None,
+        scales: Mapping[str, float] | None = None,
     ) -> Choice:
         """This round's proposer and cap. ``caps``: most drafts each proposer can offer now;
         ``shadowed``: proposers observed for free (:func:`shadow_outcome`), never probed;
@@ -262,8 +298,9 @@ class PayoffController:
         cost is not repaid by the batch, :func:`shared_call_pays`); ``gains``: what
         :meth:`gains` returns for these arguments, when the caller has it already;
         ``probe_costs``: :func:`probe_cost` per proposer (missing: 0, the probe clock alone);
-        ``probe_values``: :func:`probe_value` per proposer (missing: the cost decides alone)."""
-        gains = self.gains(caps, costs, priors) if gains is None else gains
+        ``probe_values``: :func:`probe_value` per proposer (missing: the cost decides alone);
+        ``scales``: as :meth:`gains`."""
+        gains = self.gains(caps, costs, priors, scales) if gains is None else gains
         probeable = {n: g for n, g in gains.items() if n not in shadowed}
         usable = {n: g for n, g in gains.items() if n not in blocked}
         best = max(usable, key=lambda n: usable[n][0]) if usable else None
@@ -323,3 +360,16 @@ def shadow_outcome(proposal: Sequence[int], emitted: Sequence[int]) -> tuple[int
             return len(proposal), matched
         matched += 1
     return (len(proposal), matched) if matched == len(proposal) else None
+
+
+def start_shadows(
+    decoding: Sequence, choices: Sequence[Choice], lookups: Mapping[int, list[int]], name: str
+) -> None:
+    """Start each request's shadow evaluation (:func:`shadow_outcome`) of the deterministic
+    proposer ``name`` from this round's lookup (checked against what the request emits),
+    unless that proposer drafts for it for real this round."""
+    for req, choice in zip(decoding, choices):
+        if choice.proposer == name:
+            req.shadow = None  # this round observes it for real
+        elif req.shadow is None and lookups.get(req.id):
+            req.shadow = (len(req.generated), lookups[req.id])

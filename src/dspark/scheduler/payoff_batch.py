@@ -18,11 +18,19 @@ probe is due — so that only the others go through :meth:`PayoffController.deci
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from dspark.scheduler.payoff import AcceptanceRecord, PayoffConfig, RoundCosts, probe_wait, shared_call_pays
+from dspark.scheduler.payoff import (
+    AcceptanceRecord,
+    Choice,
+    PayoffConfig,
+    PayoffController,
+    RoundCosts,
+    probe_wait,
+    shared_call_pays,
+)
 
 _EMPTY = AcceptanceRecord()
 QUIET_FOREVER = 1 << 30  # quiet_margin of a row no probe can fall due for
@@ -128,13 +136,15 @@ def batch_probe_value(
     costs: RoundCosts,
     config: PayoffConfig,
     prior: tuple[float, float] | None,
+    scale: float = 1.0,
 ) -> np.ndarray:
     """``[R]``: :func:`~dspark.scheduler.payoff.probe_value` of a probe of each record, whose
-    first-draft rate is ``e`` now, for ``horizon`` rounds left and ``caps`` drafts at most."""
+    first-draft rate is ``e`` now, for ``horizon`` rounds left and ``caps`` drafts at most;
+    first-draft rates priced times ``scale`` (:class:`~dspark.scheduler.payoff.Realism`)."""
     gain = {}
     for outcome in (True, False):
         e_after, q_after = batch_rates(records, config, prior, after_probe=outcome)
-        net = batch_net(e_after, q_after, costs, config.margin)
+        net = batch_net(np.minimum(e_after * scale, 1.0), q_after, costs, config.margin)
         gain[outcome] = np.maximum(best_of(net, caps, draft_s, costs.tokens_per_s)[0], 0.0)  # [R]
     return horizon * (e * gain[True] + (1.0 - e) * gain[False])
 
@@ -149,8 +159,10 @@ def pooled_probe_value(
     costs: RoundCosts,
     config: PayoffConfig,
     pool_memory: float,
+    scale: float = 1.0,
 ) -> float:
-    """Tokens one probe is expected to win for the whole batch by what it tells the pooled rates.
+    """Tokens one probe is expected to win for the whole batch by what it tells the pooled rates
+    (first-draft rates priced times ``scale``, as :func:`batch_probe_value`).
 
     Every request's rates shrink to the pool, so a probe's outcome moves them all, most
     while the pool holds little evidence: with the pool after a hit (probability the
@@ -165,9 +177,8 @@ def pooled_probe_value(
 
     def gains(prior: tuple[float, float]) -> np.ndarray:
         e, q = batch_rates(records, config, prior)
-        return np.maximum(
-            best_of(batch_net(e, q, costs, config.margin), caps, draft_s, costs.tokens_per_s)[0], 0.0
-        )
+        net = batch_net(np.minimum(e * scale, 1.0), q, costs, config.margin)
+        return np.maximum(best_of(net, caps, draft_s, costs.tokens_per_s)[0], 0.0)
 
     expected = sum(
         weight * gains(pool.after_probe(hit, pool_memory).rates(config))
@@ -224,3 +235,23 @@ def shared_call_repaid(gains: dict[str, np.ndarray], name: str, call_s: float, t
     top = np.maximum.reduce(list(gains.values()))  # [R]
     g = gains[name]
     return shared_call_pays(g[np.isfinite(g) & (g >= top)].tolist(), call_s, tokens_per_s)
+
+
+def join_probe_call(
+    choices: list[Choice],
+    ctrls: list[PayoffController],
+    gains: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    model: str,
+) -> None:
+    """When the ``model`` proposer's shared call is blocked (the batch does not repay it) but
+    some request probes it this round, the call is paid anyway: every request whose own gain
+    with it is positive and beats its current choice drafts with it for real (in place)."""
+    if not any(c.probe and c.proposer == model for c in choices):
+        return
+    g_model, ell_model = gains[model]
+    for i, choice in enumerate(choices):
+        if choice.proposer == model:
+            continue
+        rival = max([0.0] + [float(g[i]) for name, (g, _) in gains.items() if name != model])
+        if g_model[i] > rival:
+            choices[i] = ctrls[i].drafts(model, int(ell_model[i]))

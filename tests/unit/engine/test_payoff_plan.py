@@ -44,11 +44,17 @@ def reference_plan(payoff: PayoffDrafting, decoding: list[Request], K: int):
     """The decisions defined request by request: each request's own gains and ``decide``."""
     costs = payoff.costs(len(decoding))
     priors = {name: record.rates(payoff.config) for name, record in payoff.pooled.items()}
+    scales = payoff.scales()
+
+    def priced_rates(record, prior, name=MODEL):
+        e, q = record.rates(payoff.config, prior)
+        return min(1.0, e * scales.get(name, 1.0)), q
+
     lookups, every_caps, every_costs = {}, [], []
     for req in decoding:
         n = min(K, max(req.draft_budget, 0))
         if payoff.ngram is not None:
-            hopeless = n > 0 and req.payoff.gains({NGRAM: n}, costs, priors)[NGRAM][0] <= 0
+            hopeless = n > 0 and req.payoff.gains({NGRAM: n}, costs, priors, scales)[NGRAM][0] <= 0
             due = req.shadow is None and len(req.generated) % SHADOW_EVERY == 0
             c = payoff.ngram.config
             skip = n == 0 or (hopeless and not due)
@@ -68,7 +74,9 @@ def reference_plan(payoff: PayoffDrafting, decoding: list[Request], K: int):
     call_s = payoff.model_call_s(len(decoding)) if tried else 0.0
     blocked = ()
     if call_s > 0:
-        every_gains = [r.payoff.gains(c, o, priors) for r, c, o in zip(decoding, every_caps, every_costs)]
+        every_gains = [
+            r.payoff.gains(c, o, priors, scales) for r, c, o in zip(decoding, every_caps, every_costs)
+        ]
         model = [
             g[MODEL][0] for g in every_gains if MODEL in g and g[MODEL][0] >= max(v[0] for v in g.values())
         ]
@@ -79,18 +87,19 @@ def reference_plan(payoff: PayoffDrafting, decoding: list[Request], K: int):
         probes, values = {}, {}
         if MODEL in caps:
             record, prior, d = req.payoff.record(MODEL), priors.get(MODEL), own.draft_s.get(MODEL, 0.0)
-            e, q = record.rates(config, prior)
+            e, q = priced_rates(record, prior)
             probes[MODEL] = probe_cost(
                 e, q, config.probe_length, draft_s=d, call_s=call_s, costs=own, margin=config.margin
             )
             after = [
                 best_length(
-                    *record.after_probe(hit, config.memory).rates(config, prior),
+                    *priced_rates(record.after_probe(hit, config.memory), prior),
                     caps[MODEL], draft_s=d, costs=own, margin=config.margin,
                 )[0]
                 for hit in (True, False)
             ]  # fmt: skip
-            values[MODEL] = probe_value(e, *after, max(req.draft_budget + 1, 1))
+            hit_chance = record.rates(config, prior)[0]  # a probe's first draft: unscaled
+            values[MODEL] = probe_value(hit_chance, *after, max(req.draft_budget + 1, 1))
         every_probes.append(probes)
         every_values.append(values)
     if tried and payoff.model is not None:  # what one probe tells every request through the pool
@@ -100,7 +109,7 @@ def reference_plan(payoff: PayoffDrafting, decoding: list[Request], K: int):
         def gain(req, caps, own, prior):
             d = own.draft_s.get(MODEL, 0.0)
             g = best_length(
-                *req.payoff.record(MODEL).rates(config, prior), caps[MODEL], draft_s=d, costs=own,
+                *priced_rates(req.payoff.record(MODEL), prior), caps[MODEL], draft_s=d, costs=own,
                 margin=config.margin,
             )[0]  # fmt: skip
             return max(g, 0.0)
@@ -116,7 +125,7 @@ def reference_plan(payoff: PayoffDrafting, decoding: list[Request], K: int):
             for i, (req, caps, own) in enumerate(zip(decoding, every_caps, every_costs))
             if req.payoff.skipped + 1 >= (req.payoff.interval or config.probe_every)
             and caps[MODEL] >= 1
-            and req.payoff.gains(caps, own, priors)[MODEL][0] <= 0
+            and req.payoff.gains(caps, own, priors, scales)[MODEL][0] <= 0
             and every_probes[i][MODEL] < float("inf")
         ]
         if due:
@@ -128,7 +137,7 @@ def reference_plan(payoff: PayoffDrafting, decoding: list[Request], K: int):
             caps = {**caps, MODEL: 0}
         choice = req.payoff.decide(
             caps, own, shadowed=(NGRAM,), priors=priors, blocked=blocked, probe_costs=probes,
-            probe_values=values,
+            probe_values=values, scales=scales,
         )  # fmt: skip
         choices.append(choice)
     if blocked and any(c.probe and c.proposer == MODEL for c in choices):  # the call is paid anyway
@@ -198,6 +207,10 @@ def priced(payoff: PayoffDrafting, rng: random.Random, *, measured: bool) -> Non
     for name in rng.sample([NGRAM, MODEL], rng.randrange(0, 3)):
         for _ in range(6):
             payoff._observe(SimpleNamespace(payoff=PayoffController()), name, 4, rng.randrange(0, 5))
+    for name in rng.sample([NGRAM, MODEL], rng.randrange(0, 3)):  # realised/expected of chosen rounds
+        for _ in range(6):
+            chosen = PayoffController(expecting=(name, rng.uniform(0.3, 0.9), rng.uniform(0.3, 0.9)))
+            payoff._observe(SimpleNamespace(payoff=chosen), name, 4, rng.randrange(0, 5))
 
 
 @pytest.mark.parametrize("lazy", [False, True])
@@ -241,7 +254,7 @@ def test_requests_that_gain_join_a_blocked_model_call_a_probe_pays_for():
             PayoffController(config=PayoffConfig(probe_every=4), skipped=3, interval=16) for _ in range(5)
         ]
         choices = [first, PLAIN, Choice(NGRAM, 3), PLAIN, Choice(NGRAM, 2)]
-        join_probe_call(choices, ctrls, gains)
+        join_probe_call(choices, ctrls, gains, MODEL)
         return choices, ctrls
 
     choices, ctrls = run(Choice(MODEL, 2, probe=True))
@@ -255,3 +268,34 @@ def test_requests_that_gain_join_a_blocked_model_call_a_probe_pays_for():
     assert [(c.skipped, c.interval) for c in ctrls] == [(3, 16), (0, 4), (3, 16), (3, 16), (0, 4)]
     choices, _ = run(PLAIN)  # no probe: the call is not made, nobody joins
     assert choices == [PLAIN, PLAIN, Choice(NGRAM, 3), PLAIN, Choice(NGRAM, 2)]
+
+
+def test_rounds_chosen_to_draft_teach_realism_and_probes_do_not(target, sps):
+    """The plan records what each round it chose to draft was expected to accept (unscaled);
+    the outcome then feeds that proposer's :class:`Realism`. Probes, plain rounds and an
+    outcome of another proposer leave it alone."""
+    payoff = PayoffDrafting(
+        NoisyOracleDrafter({}, VOCAB), VOCAB, 7, sps, draft_costs={MODEL: 0.0, NGRAM: 0.0}
+    )
+    payoff.clock = lambda: 0.0
+    rng = random.Random(3)
+    reqs = requests(rng, 16)
+    choices, _ = payoff.plan(reqs, 7)
+    drafted = [(r, c) for r, c in zip(reqs, choices) if c.proposer is not None and not c.probe]
+    others = [r for r, c in zip(reqs, choices) if c.proposer is None or c.probe]
+    assert drafted and others
+    for req, choice in drafted:
+        name, e, q = req.payoff.expecting
+        assert name == choice.proposer
+        assert (e, q) == pytest.approx(req.payoff.record(name).rates(payoff.config, None))
+    assert all(r.payoff.expecting is None for r in others)
+    req, choice = drafted[0]
+    _, e, q = req.payoff.expecting
+    payoff.observe(req, 3, 1, choice.proposer)
+    realism = payoff.realism[choice.proposer]
+    assert (realism.expected, realism.accepted) == pytest.approx((e + e * q + e * q * q, 1.0))
+    assert req.payoff.expecting is None  # counted once
+    payoff.observe(req, 3, 1, choice.proposer)
+    assert realism.accepted == pytest.approx(1.0 * payoff.config.realism_memory**0)  # unchanged
+    # the realised ratio then scales the next plan's first-draft rates
+    assert payoff.scales()[choice.proposer] == pytest.approx((1.0 + 8.0) / (realism.expected + 8.0))

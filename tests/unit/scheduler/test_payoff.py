@@ -8,6 +8,7 @@ from dspark.scheduler.payoff import (
     AcceptanceRecord,
     PayoffConfig,
     PayoffController,
+    Realism,
     RoundCosts,
     best_length,
     expected_accepted,
@@ -257,3 +258,35 @@ def test_a_blocked_proposer_is_not_drafted_with_but_still_probed():
     assert all(ch.probe for ch in choices if ch.proposer == "model")
     alone = controller_with({"model": [(7, 6)] * 6}, probe_every=4)
     assert alone.decide({"model": 7}, COSTS, blocked=("model",)).proposer is None
+
+
+def test_realism_is_the_decayed_ratio_of_accepted_to_expected_shrunk_to_one():
+    r = Realism()
+    assert r.factor(8.0) == 1.0  # no evidence: the acceptance model is taken as it is
+    for _ in range(400):  # chosen rounds expected 3 drafts and got 1.5: a model twice too hopeful
+        r.observe(3.0, 1.5, 0.99)
+    assert r.factor(8.0) == pytest.approx((150.0 + 8.0) / (300.0 + 8.0), rel=1e-3)
+    assert 0.5 < r.factor(8.0) < 0.53
+    assert r.factor(0.0) == 1.0  # strength 0: scaling off
+    pessimistic = Realism()
+    pessimistic.observe(2.0, 5, 0.99)
+    assert pessimistic.factor(8.0) == pytest.approx(13.0 / 10.0)  # under-promising models are raised too
+
+
+def test_a_realism_scale_prices_the_first_draft_rate_times_the_factor():
+    c = controller_with({"model": [(7, 3)] * 6})
+    e, q = c.record("model").rates(c.config)
+    scaled = c.gains({"model": 7}, COSTS, scales={"model": 0.6})["model"]
+    assert scaled == best_length(e * 0.6, q, 7, draft_s=COSTS.draft_s["model"], costs=COSTS)
+    assert scaled[0] < c.gains({"model": 7}, COSTS)["model"][0]
+    # a scale never prices a first draft above certainty
+    capped = c.gains({"model": 7}, COSTS, scales={"model": 10.0})["model"]
+    assert capped == best_length(1.0, q, 7, draft_s=COSTS.draft_s["model"], costs=COSTS)
+    # decide uses the scales as well: a drafter that pays as estimated does not once scaled down
+    assert c.decide({"model": 7}, COSTS).proposer == "model"
+    assert (
+        PayoffController(config=c.config, records=c.records)
+        .decide({"model": 7}, COSTS, scales={"model": 0.1})
+        .proposer
+        is None
+    )
