@@ -86,7 +86,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         metavar="DFLASH_DIR",
         help="initialise the backbone from a trained DFlash drafter folder of the same target, layers, "
         "block size and mask token; the Markov and confidence heads start fresh (a resumed run keeps "
-        "its checkpoint's weights)",
+        "its checkpoint's weights). A trained DSpark folder initialises every weight: train a shipped "
+        "drafter on with another recipe",
     )
     recipes.add_argument(
         "--ce-warmup-frac",
@@ -102,6 +103,13 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         default=1.0,
         metavar="M",
         help="the sequential (Markov/RNN) head's learning rate as M × --lr, same schedule",
+    )
+    recipes.add_argument(
+        "--prompt-end-anchors",
+        action="store_true",
+        help="anchor blocks at each prompt's last token too (the paper anchors response tokens only), "
+        "so the drafter learns an answer's first tokens and is asked in a request's first round "
+        "(any drafter kind; recorded in its config.json)",
     )
     p.add_argument("--limit", type=int, default=None, help="use only the first N records")
     add_template_kwargs(p)
@@ -230,6 +238,7 @@ def main_train(args: argparse.Namespace) -> int:
         warm_start=str(args.warm_start) if args.warm_start else None,
         ce_warmup_frac=args.ce_warmup_frac,
         head_lr_mult=args.head_lr_mult,
+        prompt_end_anchors=args.prompt_end_anchors,
     )
     with distributed.launch() as world:
         target = load_target(args.target, device=world.device)

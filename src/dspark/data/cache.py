@@ -387,9 +387,11 @@ class FeatureCache:
         generator: torch.Generator | None = None,
         device: torch.device | str = "cpu",
         dtype: torch.dtype | None = None,
+        prompt_end: bool = False,
     ) -> TrainBatch:
         """The :class:`TrainBatch` of samples ``indices``, as :func:`dspark.training.online.target_batch`
-        makes it from the same samples (right padding; anchors drawn the same way from ``generator``).
+        makes it from the same samples (right padding; anchors drawn the same way from ``generator``,
+        ``prompt_end`` as :func:`dspark.drafters.blocks.eligible_anchors`).
 
         Padding positions get zero features; no block ever sees them (they come after every
         supervised token of their row).
@@ -412,7 +414,9 @@ class FeatureCache:
                 s.features,
                 s.hidden,
             )
-        anchors = None if num_anchors is None else sample_anchors(mask, num_anchors, generator).to(device)
+        anchors = None
+        if num_anchors is not None:
+            anchors = sample_anchors(mask, num_anchors, generator, prompt_end).to(device)  # [B, A]
         return TrainBatch(
             input_ids=ids.to(device),
             loss_mask=mask.to(device),

@@ -22,29 +22,33 @@ from dspark.protocols import TrainBatch
 PAD_ANCHOR = -1
 
 
-def eligible_anchors(loss_mask: Tensor) -> Tensor:
+def eligible_anchors(loss_mask: Tensor, prompt_end: bool = False) -> Tensor:
     """Positions ``i`` where tokens ``i`` and ``i + 1`` are both supervised: ``[B, T]`` bool.
 
     The anchor itself must be a response token (it was emitted by the target) and its
-    block must supervise at least the next token.
+    block must supervise at least the next token. ``prompt_end``: also the token before
+    each response (the prompt's last), whose block drafts the answer's first tokens, as a
+    request's first round does (a recipe beside SPEC §6, ``TrainConfig.prompt_end_anchors``).
     """
     assert loss_mask.dim() == 2, f"loss_mask must be [B, T], got {tuple(loss_mask.shape)}"
     mask = loss_mask.bool()
     eligible = torch.zeros_like(mask)
-    eligible[:, :-1] = mask[:, :-1] & mask[:, 1:]
+    eligible[:, :-1] = (mask[:, :-1] | prompt_end) & mask[:, 1:]
     return eligible
 
 
-def sample_anchors(loss_mask: Tensor, num_anchors: int, generator: torch.Generator | None = None) -> Tensor:
+def sample_anchors(
+    loss_mask: Tensor, num_anchors: int, generator: torch.Generator | None = None, prompt_end: bool = False
+) -> Tensor:
     """Sample up to ``num_anchors`` distinct eligible anchors per sequence: ``[B, A]`` long.
 
     Each row holds its anchors in ascending order, then ``-1`` padding. ``A`` is the
     largest number any row got (at most ``num_anchors``); a row with fewer eligible
     positions than ``num_anchors`` keeps them all. Sampling is uniform without
-    replacement, reproducible through ``generator``.
+    replacement, reproducible through ``generator``; ``prompt_end``: as :func:`eligible_anchors`.
     """
     assert num_anchors > 0, f"num_anchors must be > 0, got {num_anchors}"
-    eligible = eligible_anchors(loss_mask)  # [B, T]
+    eligible = eligible_anchors(loss_mask, prompt_end)  # [B, T]
     rows: list[Tensor] = []
     for row in eligible:
         positions = row.nonzero().squeeze(-1)  # [n]

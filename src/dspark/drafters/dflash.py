@@ -68,6 +68,9 @@ class DFlashConfig:
     # N: propose only from the N most frequent tokens of the training data (issue 16;
     # drafters/draft_vocab.py). None = the target's whole vocabulary.
     draft_vocab_size: int | None = None
+    # trained with the prompt's last token as an anchor too (TrainConfig.prompt_end_anchors):
+    # then it drafts a request's first round (protocols.drafts_after_prompt)
+    prompt_end_anchors: bool = False
     objective: ObjectiveConfig = field(default_factory=dflash_objective)
 
     def __post_init__(self) -> None:
@@ -283,7 +286,9 @@ def hold_backbone(owner: nn.Module, config, dims: DecoderDims) -> DFlashBackbone
 class DFlashDrafter(nn.Module):
     """The DFlash drafter: every slot of the block sampled independently from its logits."""
 
-    drafts_after_prompt = False  # trained on response anchors (protocols.drafts_after_prompt)
+    @property
+    def drafts_after_prompt(self) -> bool:  # protocols.drafts_after_prompt
+        return self.config.prompt_end_anchors
 
     def __init__(self, config: DFlashConfig, dims: DecoderDims) -> None:
         super().__init__()

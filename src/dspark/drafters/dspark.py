@@ -53,6 +53,9 @@ class DSparkConfig:
     confidence_head_with_markov: bool = True  # c_k reads W_1[x_{k-1}] besides h_k
     sts_temperatures: tuple[float, ...] | None = None  # fitted by calibration (SPEC §8)
     draft_vocab_size: int | None = None  # N most frequent training tokens (issue 16); None = all
+    # trained with the prompt's last token as an anchor too (TrainConfig.prompt_end_anchors):
+    # then it drafts a request's first round (protocols.drafts_after_prompt)
+    prompt_end_anchors: bool = False
     objective: ObjectiveConfig = field(default_factory=dspark_objective)
 
     def __post_init__(self) -> None:
@@ -76,7 +79,10 @@ class DSparkDrafter(nn.Module):
     """
 
     backbone: DFlashBackbone
-    drafts_after_prompt = False  # trained on response anchors (protocols.drafts_after_prompt)
+
+    @property
+    def drafts_after_prompt(self) -> bool:  # protocols.drafts_after_prompt
+        return self.config.prompt_end_anchors
 
     def __init__(self, config: DSparkConfig, dims: DecoderDims) -> None:
         super().__init__()

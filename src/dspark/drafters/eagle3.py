@@ -60,6 +60,9 @@ class Eagle3Config:
     block_size: int = 7  # drafts per round = training-time-test length
     target_layer_ids: tuple[int, ...] | None = None  # None = the target adapter's
     draft_vocab_size: int | None = None  # N most frequent training tokens (d2t, issue 16); None = all
+    # trained with the prompt's last token as an anchor too (TrainConfig.prompt_end_anchors):
+    # then it drafts a request's first round (protocols.drafts_after_prompt)
+    prompt_end_anchors: bool = False
     objective: ObjectiveConfig = field(default_factory=eagle3_objective)
 
     def __post_init__(self) -> None:
@@ -102,7 +105,9 @@ class Eagle3Layer(nn.Module):
 class Eagle3Drafter(nn.Module):
     """Eagle3; attribute names give the keys of SPEC §5.4 (``layers.0.hidden_norm`` etc.)."""
 
-    drafts_after_prompt = False  # trained on response anchors (protocols.drafts_after_prompt)
+    @property
+    def drafts_after_prompt(self) -> bool:  # protocols.drafts_after_prompt
+        return self.config.prompt_end_anchors
 
     def __init__(self, config: Eagle3Config, dims: DecoderDims) -> None:
         super().__init__()

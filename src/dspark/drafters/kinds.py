@@ -72,9 +72,11 @@ def _block_fields(
 
 
 def _vocab_field(config) -> dict[str, Any]:
-    """``draft_vocab_size`` (vLLM's name), for a reduced draft vocabulary only (older folders unchanged)."""
+    """``draft_vocab_size`` (vLLM's name), for a reduced draft vocabulary only (older folders
+    unchanged); ``prompt_end_anchors`` (dspark's), only when trained so."""
     n = getattr(config, "draft_vocab_size", None)
-    return {"draft_vocab_size": n} if n is not None else {}
+    anchors = {"prompt_end_anchors": True} if getattr(config, "prompt_end_anchors", False) else {}
+    return ({"draft_vocab_size": n} if n is not None else {}) | anchors
 
 
 def _draft_vocab(raw: dict[str, Any]) -> int | None:
@@ -132,6 +134,7 @@ def _dspark_config(raw: dict[str, Any]) -> dict[str, Any]:
         confidence_head_with_markov=raw.get("confidence_head_with_markov", False),
         sts_temperatures=tuple(sts) if sts else None,
         draft_vocab_size=_draft_vocab(raw),
+        prompt_end_anchors=bool(raw.get("prompt_end_anchors", False)),
     )
 
 
@@ -144,6 +147,7 @@ def _dflash_config(raw: dict[str, Any]) -> dict[str, Any]:
         mask_embedding=bool(raw.get("mask_embedding", False)),
         qk_norm=raw.get("draft_qk_norm", True),  # folders before the field: Qwen3 layers
         draft_vocab_size=_draft_vocab(raw),
+        prompt_end_anchors=bool(raw.get("prompt_end_anchors", False)),
     )
 
 
@@ -152,6 +156,7 @@ def _eagle3_config(raw: dict[str, Any]) -> dict[str, Any]:
         block_size=raw["block_size"],
         target_layer_ids=tuple(raw["target_layer_ids"]),
         draft_vocab_size=_draft_vocab(raw),
+        prompt_end_anchors=bool(raw.get("prompt_end_anchors", False)),
     )
 
 

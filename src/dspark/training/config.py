@@ -70,6 +70,9 @@ class TrainConfig:
     ce_warmup_frac: float = field(default=0.0, metadata=_RECIPE)
     # The sequential (Markov/RNN) head's learning rate, as a multiple of lr (same schedule).
     head_lr_mult: float = field(default=1.0, metadata=_RECIPE)
+    # Anchor blocks at each prompt's last token too (SPEC §6 anchors response tokens only), so
+    # that the drafter learns an answer's first tokens and drafts a request's first round.
+    prompt_end_anchors: bool = field(default=False, metadata=_RECIPE)
 
     def __post_init__(self) -> None:
         if self.max_steps < 1:

@@ -52,6 +52,7 @@ def target_batch(
     device: torch.device | None = None,
     dtype: torch.dtype | None = None,
     lengths: list[int] | None = None,
+    prompt_end: bool = False,
 ) -> TrainBatch:
     """A :class:`TrainBatch` for ``input_ids [B, T]`` with the target's features, on ``device``.
 
@@ -59,6 +60,8 @@ def target_batch(
     ``dtype`` casts the features and hidden states (default: the target's dtype).
     ``lengths [B]`` (the rows' real lengths) packs the rows into one flattened forward
     (:func:`packed_features`): no target work on padding, the same outputs on real tokens.
+    ``prompt_end``: anchors at each prompt's last token too
+    (:func:`~dspark.drafters.blocks.eligible_anchors`).
     """
     assert input_ids.shape == loss_mask.shape and input_ids.dim() == 2, (
         f"input_ids {tuple(input_ids.shape)} vs loss_mask {tuple(loss_mask.shape)}"
@@ -72,7 +75,7 @@ def target_batch(
         out = target.forward(input_ids.to(target.device), target.new_cache(), with_features=True)
     anchors = None
     if num_anchors is not None:
-        anchors = sample_anchors(loss_mask.cpu(), num_anchors, generator).to(device)  # [B, A]
+        anchors = sample_anchors(loss_mask.cpu(), num_anchors, generator, prompt_end).to(device)  # [B, A]
     return TrainBatch(
         input_ids=input_ids.to(device),
         loss_mask=loss_mask.to(device),

@@ -7,6 +7,7 @@ checkpoint round trip. :func:`dspark.training.trainer.train` drives it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -128,6 +129,8 @@ class Trainer:
 
         if cfg.warm_start and latest_checkpoint(self.ckpt_root) is None:  # a resumed run has its weights
             warm_start_backbone(drafter, cfg.warm_start, target)
+        if cfg.prompt_end_anchors:  # the folder it saves says it drafts a request's first round
+            drafter.config = dataclasses.replace(drafter.config, prompt_end_anchors=True)
         # fp32 master weights everywhere; bf16 only inside autocast (SPEC §6).
         drafter.to(device=world.device, dtype=torch.float32).train()
         flex = cfg.attention == "flex" or (cfg.attention == "auto" and world.device.type == "cuda")
@@ -201,6 +204,7 @@ class Trainer:
                     generator=generator,
                     device=self.world.device,
                     dtype=dtype or torch.float32,
+                    prompt_end=self.cfg.prompt_end_anchors,
                 )
             else:
                 samples = [self.dataset[j] for j in mb.indices]
@@ -214,6 +218,7 @@ class Trainer:
                     device=self.world.device,
                     dtype=dtype,
                     lengths=[len(s.input_ids) for s in samples] if self.cfg.pack_target else None,
+                    prompt_end=self.cfg.prompt_end_anchors,
                 )
             with distributed.gradient_sync(self.model, enabled=i == len(micro) - 1):
                 with torch.autocast(self.world.device.type, dtype=torch.bfloat16, enabled=self.use_bf16):

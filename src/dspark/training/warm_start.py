@@ -5,7 +5,9 @@ DSpark holds the DFlash backbone under the backbone's own weight names
 tensors of the same name. :func:`warm_start_backbone` loads the folder with every check
 of a drafter folder against the target (:func:`dspark.drafters.folder.load_drafter`),
 refuses a backbone of another architecture, and copies its tensors; the sequential and
-confidence heads, which DFlash has not, keep their fresh initialisation.
+confidence heads, which DFlash has not, keep their fresh initialisation. A trained DSpark
+folder warm-starts every tensor, heads included: a shipped drafter trained on with another
+recipe (say ``prompt_end_anchors``) for a fraction of its budget.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ _SAME = ("num_layers", "block_size", "target_layer_ids", "mask_token_id", "mask_
 
 
 def warm_start_backbone(drafter: nn.Module, folder: str | Path, target) -> list[str]:
-    """Copy the DFlash drafter at ``folder`` into ``drafter``'s backbone; returns the keys copied."""
+    """Copy the DFlash drafter at ``folder`` into ``drafter``'s backbone (a DSpark drafter's: into
+    all of it); returns the keys copied."""
     from dspark.drafters.dflash import DFlashDrafter
     from dspark.drafters.dspark import DSparkDrafter
     from dspark.drafters.folder import load_drafter
@@ -36,9 +39,10 @@ def warm_start_backbone(drafter: nn.Module, folder: str | Path, target) -> list[
             f"warm start initialises a DSpark drafter's backbone, not a {type(drafter).__name__}"
         )
     source = load_drafter(folder, target)
-    if not isinstance(source, DFlashDrafter):
+    whole = isinstance(source, DSparkDrafter)
+    if not isinstance(source, DFlashDrafter) and not whole:
         raise DsparkError(
-            f"warm start needs a DFlash drafter folder; {folder} holds a {type(source).__name__}"
+            f"warm start needs a DFlash or DSpark drafter folder; {folder} holds a {type(source).__name__}"
         )
     differ = [
         f"{name} {getattr(source.config, name)!r} != {getattr(drafter.config, name)!r}"
@@ -52,8 +56,8 @@ def warm_start_backbone(drafter: nn.Module, folder: str | Path, target) -> list[
         for k, v in theirs.items()
         if k in ours and v.shape != ours[k].shape
     ]
-    own = sorted(k for k in set(ours) - set(theirs) if not k.startswith(HEADS))
-    differ += [f"the DFlash folder lacks {k}" for k in own]
+    own = sorted(k for k in set(ours) - set(theirs) if whole or not k.startswith(HEADS))
+    differ += [f"the {type(source).__name__} folder lacks {k}" for k in own]
     if (
         "draft_ids" in theirs
         and "draft_ids" in ours
@@ -65,5 +69,7 @@ def warm_start_backbone(drafter: nn.Module, folder: str | Path, target) -> list[
     with torch.no_grad():
         for k, v in theirs.items():
             ours[k].copy_(v)  # state_dict tensors share storage with the drafter's
-    log.info("warm start: %d backbone tensors from %s; the heads start fresh", len(theirs), folder)
+    log.info(
+        "warm start: %d tensors from %s%s", len(theirs), folder, "" if whole else "; the heads start fresh"
+    )
     return sorted(theirs)

@@ -36,6 +36,19 @@ def test_eligible_anchors_need_two_supervised_tokens():
     assert eligible_anchors(mask).tolist() == [[F_, T_, T_, F_, F_, T_, F_]]
 
 
+def test_prompt_end_anchors_add_the_token_before_each_response():
+    """The recipe beside SPEC §6: the prompt's last token (0 then 1 in the mask) anchors too,
+    its block drafting the answer's first tokens; nothing else changes."""
+    mask = torch.tensor([[0, 0, 1, 1, 1, 0, 0, 1, 1]], dtype=torch.bool)
+    assert eligible_anchors(mask, prompt_end=True).tolist() == [[F_, T_, T_, T_, F_, F_, T_, T_, F_]]
+    assert eligible_anchors(mask).tolist() == [[F_, F_, T_, T_, F_, F_, F_, T_, F_]]
+    anchors = sample_anchors(mask, 16, prompt_end=True)
+    assert anchors.tolist() == [[1, 2, 3, 6, 7]]
+    layout = block_layout(torch.arange(9).unsqueeze(0), mask, anchors, 3)
+    assert layout.labels[0, 0].tolist() == [2, 3, 4] and layout.valid[0, 0].tolist() == [T_, T_, T_]
+    assert layout.valid[0, 3].tolist() == [T_, T_, F_]  # the second turn's: up to the end
+
+
 def test_sample_anchors():
     mask = torch.zeros(2, 40, dtype=torch.bool)
     mask[0, 5:35] = True  # 29 eligible

@@ -190,7 +190,10 @@ def test_proposer_choice_follows_the_text(sps):
         res = engine.generate([prompt], SamplingParams(temperature=0.0, max_tokens=120))[0]
         assert res.token_ids == refs[tuple(prompt)]
         stats[name] = engine.stats
-    assert stats["loop"].ngram_rounds >= 2 * stats["loop"].model_rounds  # repetitive: the lookup
+    # repetitive: the lookup. The model drafts the first rounds, before the text has repeated,
+    # and a few later ones where its perfect record beats a short lookup by more than its cost
+    # (10 n-gram and 6 model rounds; 11 and 5 before Realism raised a perfect drafter's rates).
+    assert stats["loop"].ngram_rounds > 1.5 * stats["loop"].model_rounds
     assert stats["free"].model_rounds > 3 * stats["free"].ngram_rounds  # free text: the model
     assert stats["free"].model_rounds > 0
 

@@ -10,6 +10,7 @@ import torch
 
 from dspark.drafters.dflash import DFlashConfig, DFlashDrafter
 from dspark.drafters.dspark import DSparkConfig, DSparkDrafter
+from dspark.drafters.eagle3 import Eagle3Config, Eagle3Drafter
 from dspark.drafters.folder import save_drafter
 from dspark.drafters.objective import dspark_objective
 from dspark.errors import DsparkError
@@ -123,12 +124,62 @@ def test_warm_start_refuses_a_non_dspark_drafter_and_a_non_dflash_folder(tmp_pat
     torch.manual_seed(0)
     with pytest.raises(DsparkError, match="not a DFlashDrafter"):
         warm_start_backbone(DFlashDrafter.from_target(target, DFLASH), dflash_folder[0], target)
-    dspark_folder = save_drafter(tmp_path / "dspark", _dspark(target), target)
-    with pytest.raises(DsparkError, match="holds a DSparkDrafter"):
-        warm_start_backbone(_dspark(target), dspark_folder, target)
+    eagle3_folder = save_drafter(
+        tmp_path / "eagle3", Eagle3Drafter.from_target(target, Eagle3Config(block_size=3)), target
+    )
+    with pytest.raises(DsparkError, match="holds a Eagle3Drafter"):
+        warm_start_backbone(_dspark(target), eagle3_folder, target)
     other = tiny_target(seed=5)  # same shapes, other weights: the folder's checks refuse it
     with pytest.raises(DsparkError, match="another target"):
         warm_start_backbone(_dspark(other), dflash_folder[0], other)
+
+
+def test_warm_start_from_a_dspark_folder_copies_every_tensor_heads_included(tmp_path, target):
+    trained = _dspark(target, seed=3)
+    folder = save_drafter(tmp_path / "dspark", trained, target)
+    drafter = _dspark(target, seed=1)
+    copied = warm_start_backbone(drafter, folder, target)
+    state, theirs = drafter.state_dict(), trained.state_dict()
+    assert set(copied) == set(state) == set(theirs)
+    assert any(k.startswith(HEADS) for k in copied)
+    for k, v in theirs.items():
+        assert torch.equal(state[k], v), k
+    bigger = DSparkConfig(num_layers=1, block_size=3, mask_token_id=MASK_ID, markov_rank=8)
+    with pytest.raises(DsparkError, match="markov_head"):  # another head: refused in one line
+        warm_start_backbone(_dspark(target, config=bigger), folder, target)
+
+
+# -- prompt-end anchors -------------------------------------------------------------------------
+
+
+def test_prompt_end_anchors_train_blocks_at_the_prompts_last_token_and_say_so(tmp_path, target, monkeypatch):
+    """With the recipe every micro-batch's anchors may sit at the prompt's last token (the toy
+    samples' position SEQ_LEN/2 - 1), and the trained drafter's folder says it drafts a
+    request's first round; without it neither."""
+    import dspark.training.online as online
+    from dspark.drafters.folder import load_drafter
+    from dspark.protocols import drafts_after_prompt
+
+    from .toy_drafter import SEQ_LEN
+
+    seen = []
+    sample = online.sample_anchors
+
+    def spy(mask, num_anchors, generator=None, prompt_end=False):
+        anchors = sample(mask, num_anchors, generator, prompt_end)
+        seen.append(set(anchors.flatten().tolist()))
+        return anchors
+
+    monkeypatch.setattr(online, "sample_anchors", spy)
+    for recipe in (False, True):
+        seen.clear()
+        drafter = _dspark(target)
+        cfg = _cfg(tmp_path, f"run-{recipe}", num_anchors=SEQ_LEN, prompt_end_anchors=recipe)
+        train(cfg, target, drafter, toy_samples(4))
+        assert seen and all((SEQ_LEN // 2 - 1 in anchors) == recipe for anchors in seen)
+        folder = save_drafter(tmp_path / f"drafter-{recipe}", drafter, target)
+        assert json.loads((folder / "config.json").read_text()).get("prompt_end_anchors", False) == recipe
+        assert drafts_after_prompt(load_drafter(folder, target)) == recipe
 
 
 # -- CE first, then TV ----------------------------------------------------------------------------
