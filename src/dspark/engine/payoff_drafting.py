@@ -470,8 +470,14 @@ class PayoffDrafting:
         return req.proposer == MODEL or not self.lazy_update
 
     def observe(self, req, verified: int, accepted: int, proposer: str | None) -> None:
-        if proposer is not None and verified > 0:
-            self._observe(req, proposer, verified, accepted)
+        if proposer is None or verified <= 0:
+            return
+        if proposer == MODEL and len(req.rounds) == 1:
+            # an answer's first tokens, learnt apart if at all (prompt_end_anchors: 0.5-0.9 of 7
+            # against 2-3.6 later, tiny target): pooled, they locked the model out (BENCHMARKS.md)
+            req.payoff.expecting = None
+            return
+        self._observe(req, proposer, verified, accepted)
 
     def _observe(self, req, proposer: str, verified: int, accepted: int) -> None:
         expecting, req.payoff.expecting = req.payoff.expecting, None

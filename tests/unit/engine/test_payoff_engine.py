@@ -392,8 +392,9 @@ class BlindAfterPromptOracle(NoisyOracleDrafter):
 @pytest.mark.parametrize("payoff", [True, False])
 def test_a_drafter_that_cannot_draft_after_the_prompt_is_not_asked_there(target, sps, payoff):
     """Its first-round drafts would all be rejected: that round decodes plainly, output unchanged.
-    Under payoff control the certain rejections no longer reach the pooled acceptance: asked
-    there, they taught the controller that the model never pays, and it stopped drafting."""
+    Asked there anyway (a drafter that says it drafts there), under payoff control the
+    rejections reach no acceptance record: pooled, they taught the controller that the model
+    never pays, and it stopped drafting."""
     prompts = make_prompts(8, seed=17, min_len=10)
     refs = greedy_references(target, prompts, 40)
     references = {tuple(p): r for p, (r, _) in zip(prompts, refs)}
@@ -409,9 +410,12 @@ def test_a_drafter_that_cannot_draft_after_the_prompt_is_not_asked_there(target,
         stats[skips] = (engine.stats, drafter.first_round_calls)
     (skipped, calls), (asked, asked_calls) = stats[True], stats[False]
     assert calls == 0 and asked_calls > 0
-    if payoff:  # asked once (one request tries an untried model), then held back by that miss
-        assert asked_calls == 1 and asked.model_probes > skipped.model_probes
-        assert skipped.model_rounds > asked.model_rounds and skipped.steps < 0.7 * asked.steps
+    if payoff:
+        # asked once (one request tries an untried model) and not held back by that miss: a
+        # first round's outcome prices no later round (pooled, it cut the model rounds and took
+        # 1.4x the steps: the lock-in of issue 17)
+        assert asked_calls == 1 and asked.model_probes == skipped.model_probes == 0
+        assert asked.model_rounds >= skipped.model_rounds and asked.steps <= skipped.steps
     else:
         assert asked_calls == len(prompts) and skipped.steps <= asked.steps
 
