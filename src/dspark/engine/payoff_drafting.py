@@ -1,22 +1,21 @@
 """The engine side of payoff control: which proposer drafts for which request this round (issue 17).
 
-The decision itself is :class:`~dspark.scheduler.payoff.PayoffController` (pure, per
-request); this module feeds it the round's costs (SPS table, measured drafting seconds
-per proposer), runs the n-gram lookup for every decoding request (free information: it
-bounds what the n-gram can propose now and is the proposal its shadow evaluation checks
-later), calls each chosen proposer once for the requests that chose it, and merges the
-parts into one :class:`~dspark.protocols.DraftBlock` in the order of the drafting
-requests. One proposer per request per round: each row of the merged block is exactly
-what one proposer would have drafted alone, so verification keeps the target's
-distribution.
+The decision itself is :class:`~dspark.scheduler.payoff.PayoffController` (pure, per request);
+this module feeds it the round's costs (SPS table, measured drafting seconds per proposer),
+runs the n-gram lookup for every decoding request (free information: it bounds what the
+n-gram can propose now and is the proposal its shadow evaluation checks later), calls each
+chosen proposer once for the requests that chose it, and merges the parts into one
+:class:`~dspark.protocols.DraftBlock` in the order of the drafting requests. One proposer per
+request per round: each row of the merged block is exactly what one proposer would have
+drafted alone, so verification keeps the target's distribution.
 
 Costs are measured where the engine runs, all on one clock (:func:`pricing_clock`): step
 times are the engine's own forwards fitted affine in rows over the SPS profile
 (:class:`~dspark.scheduler.step_times.StepTimes`); the model drafter's seconds are fitted
 as a per-call part the round's drafting requests share plus a per-request part
-(:class:`~dspark.scheduler.step_times.DraftCosts`) — leaving out calls that hold a
-request's first model proposal, which also pays the drafter's pass over the whole prompt,
-once per request; the n-gram lookup is an average per request. A drafter that catches up
+(:class:`~dspark.scheduler.step_times.DraftCosts`) — leaving out calls that hold a request's
+first model proposal, which also pays the drafter's pass over the whole prompt, once per
+request; the n-gram lookup is an average per request. A drafter that catches up
 from ``state.features`` (``sync_context``, on itself or its backbone) is told only about
 its own rounds, and a request drafting with it is also charged the absorption of the
 tokens it has not seen (timed apart before the call, fitted per call + per token).
@@ -54,6 +53,7 @@ from dspark.scheduler.payoff_batch import (
     batch_rates,
     best_of,
     join_probe_call,
+    keep_q_observable,
     pooled_probe_value,
     quiet_margin,
     shared_call_repaid,
@@ -348,6 +348,7 @@ class PayoffDrafting:
             model_tries |= choices[i].proposer == MODEL
         if MODEL in blocked:
             join_probe_call(choices, ctrls, gains, MODEL)
+        keep_q_observable(choices, caps.get(MODEL), MODEL)
         for i, (ctrl, choice) in enumerate(zip(ctrls, choices)):
             real = choice.proposer is not None and not choice.probe
             ctrl.expecting = None

@@ -255,3 +255,17 @@ def join_probe_call(
         rival = max([0.0] + [float(g[i]) for name, (g, _) in gains.items() if name != model])
         if g_model[i] > rival:
             choices[i] = ctrls[i].drafts(model, int(ell_model[i]))
+
+
+def keep_q_observable(choices: list[Choice], caps: np.ndarray | None, model: str) -> None:
+    """A round drafting with ``model`` verifies at least 2 drafts where it can (in place).
+
+    Only a round verifying ``ℓ >= 2`` tests a later draft, so once the rates priced ``ℓ = 1``
+    the later rate ``q`` never moved again: a few early misses at position 2 held a drafter
+    to one draft a round for the rest of the run (mt-bench, batch 1, tiny target: τ 1.98
+    against 3.03 with every round at γ). A model drafts its whole block whatever ``ℓ`` is,
+    so the second draft costs one more verified token. Probes keep their length; ``caps``
+    None: no model drafter."""
+    for i, choice in enumerate([] if caps is None else choices):
+        if choice.proposer == model and not choice.probe and choice.length < min(2, int(caps[i])):
+            choices[i] = Choice(model, min(2, int(caps[i])))

@@ -432,3 +432,43 @@ def test_the_decoding_loop_does_not_ask_it_after_the_prompt_either(target):
         assert drafter.first_round_calls == int(asked)
         first = result.rounds[0]
         assert (first.proposed, first.accepted, first.emitted) == ((7, 0, 1) if asked else (0, 0, 1))
+
+
+class EarlySecondDraftMisses(NoisyOracleDrafter):
+    """Right on every draft but the second one of its first model rounds per request."""
+
+    def __init__(self, references, vocab_size: int, *, early: int) -> None:
+        super().__init__(references, vocab_size, error=0.0)
+        self.early = early
+
+    def propose(self, states, max_len, sampling):
+        block = super().propose(states, max_len, sampling)
+        for r, s in enumerate(states):
+            if len(s.token_ids) - s.prompt_len < self.early and block.tokens.shape[1] > 1:
+                block.tokens[r, 1] = (block.tokens[r, 1] + 1) % self.vocab_size
+                block.probs[r, 1] = torch.nn.functional.one_hot(block.tokens[r, 1], self.vocab_size).float()
+        return block
+
+
+def test_early_misses_at_the_second_draft_do_not_hold_a_drafter_to_one_draft(target, sps, monkeypatch):
+    """Only a round verifying two drafts or more tests the later rate q: once early misses at
+    position 2 priced one draft a round, q never moved again. A model round verifies two at
+    least (``keep_q_observable``), so q recovers and the drafter's rounds grow again."""
+    from dspark.engine import payoff_drafting
+
+    prompts = make_prompts(2, seed=23, min_len=10)
+    refs = greedy_references(target, prompts, 90)
+    references = {tuple(p): r for p, (r, _) in zip(prompts, refs)}
+    config = payoff_config(1, costs=CHEAP, choose_proposer=False)
+    steps = {}
+    for rule in (True, False):
+        if not rule:
+            monkeypatch.setattr(payoff_drafting, "keep_q_observable", lambda *a: None)
+        engine = Engine(target, EarlySecondDraftMisses(references, VOCAB, early=12), config, sps=sps)
+        results = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=90))
+        assert [r.token_ids for r in results] == [r for r, _ in refs]
+        later = [rd.proposed for r in results for rd in r.rounds[len(r.rounds) // 2 :] if rd.proposed]
+        steps[rule] = (engine.stats.steps, sum(later) / max(len(later), 1))
+    (with_rule, verified_with), (without, verified_without) = steps[True], steps[False]
+    assert verified_with >= 4 > verified_without
+    assert with_rule < 0.8 * without

@@ -145,6 +145,9 @@ def reference_plan(payoff: PayoffDrafting, decoding: list[Request], K: int):
             rival = max([0.0] + [v[0] for name, v in g.items() if name != MODEL])
             if choices[i].proposer != MODEL and MODEL in g and g[MODEL][0] > rival:
                 choices[i] = req.payoff.drafts(MODEL, g[MODEL][1])
+    for i, (choice, caps) in enumerate(zip(choices, every_caps)):  # q stays observable
+        if choice.proposer == MODEL and not choice.probe and choice.length < min(2, caps[MODEL]):
+            choices[i] = Choice(MODEL, min(2, caps[MODEL]))
     for req, choice in zip(decoding, choices):
         if choice.proposer != NGRAM and lookups.get(req.id) and req.shadow is None:
             req.shadow = (len(req.generated), lookups[req.id])

@@ -184,3 +184,15 @@ def test_a_probe_tells_more_through_a_pool_that_holds_little():
     assert value(3, 16) == pytest.approx(16 * value(3, 1))  # one term per informed request
     assert value(3, 16) > 1000 * value(30, 16) > 0  # more evidence, less to learn
     assert value(300, 16) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_model_round_verifies_two_drafts_so_its_later_rate_stays_observable():
+    from dspark.scheduler.payoff import Choice
+    from dspark.scheduler.payoff_batch import keep_q_observable
+
+    choices = [Choice("model", 1), Choice("model", 1), Choice("model", 1, probe=True), Choice("ngram", 1),
+               Choice(None), Choice("model", 5)]  # fmt: skip
+    keep_q_observable(choices, np.array([7, 1, 7, 7, 7, 7]), "model")
+    assert choices[:3] == [Choice("model", 2), Choice("model", 1), Choice("model", 1, probe=True)]
+    assert choices[3:] == [Choice("ngram", 1), Choice(None), Choice("model", 5)]
+    keep_q_observable(choices, None, "model")  # no model drafter: nothing to do
