@@ -415,8 +415,9 @@ class FeatureCache:
                 s.hidden,
             )
         anchors = None
-        if num_anchors is not None:
-            anchors = sample_anchors(mask, num_anchors, generator, prompt_end).to(device)  # [B, A]
+        if num_anchors is not None or prompt_end:  # None: every eligible anchor (prompt ends too if asked)
+            n = num_anchors or mask.shape[1]
+            anchors = sample_anchors(mask, n, generator, prompt_end).to(device)  # [B, A]
         return TrainBatch(
             input_ids=ids.to(device),
             loss_mask=mask.to(device),

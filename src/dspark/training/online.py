@@ -74,8 +74,9 @@ def target_batch(
     else:
         out = target.forward(input_ids.to(target.device), target.new_cache(), with_features=True)
     anchors = None
-    if num_anchors is not None:
-        anchors = sample_anchors(loss_mask.cpu(), num_anchors, generator, prompt_end).to(device)  # [B, A]
+    if num_anchors is not None or prompt_end:  # None: every eligible anchor (prompt ends too if asked)
+        n = num_anchors or loss_mask.shape[1]
+        anchors = sample_anchors(loss_mask.cpu(), n, generator, prompt_end).to(device)  # [B, A]
     return TrainBatch(
         input_ids=input_ids.to(device),
         loss_mask=loss_mask.to(device),

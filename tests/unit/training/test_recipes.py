@@ -171,13 +171,15 @@ def test_prompt_end_anchors_train_blocks_at_the_prompts_last_token_and_say_so(tm
         return anchors
 
     monkeypatch.setattr(online, "sample_anchors", spy)
-    for recipe in (False, True):
+    for recipe, num_anchors in ((False, SEQ_LEN), (True, SEQ_LEN), (True, None)):  # None: every one
         seen.clear()
         drafter = _dspark(target)
-        cfg = _cfg(tmp_path, f"run-{recipe}", num_anchors=SEQ_LEN, prompt_end_anchors=recipe)
+        cfg = _cfg(
+            tmp_path, f"run-{recipe}-{num_anchors}", num_anchors=num_anchors, prompt_end_anchors=recipe
+        )
         train(cfg, target, drafter, toy_samples(4))
         assert seen and all((SEQ_LEN // 2 - 1 in anchors) == recipe for anchors in seen)
-        folder = save_drafter(tmp_path / f"drafter-{recipe}", drafter, target)
+        folder = save_drafter(tmp_path / f"drafter-{recipe}-{num_anchors}", drafter, target)
         assert json.loads((folder / "config.json").read_text()).get("prompt_end_anchors", False) == recipe
         assert drafts_after_prompt(load_drafter(folder, target)) == recipe
 
