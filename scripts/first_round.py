@@ -36,9 +36,8 @@ target = load_inference_target(None, "float32")
 print(f"{'drafter':<28} {'set':<10} {'round 0':>8} {'later':>7} {'tau (asked)':>12} {'tau (plain 0)':>14}")
 for spec in args.drafters:
     drafter = build_drafter(spec, target)
-    label = Path(spec).name if Path(spec).is_dir() else spec
-    if Path(spec).is_dir() and Path(spec).name == "drafter":
-        label = Path(spec).parent.name
+    path = Path(spec)  # a run folder's drafter/ is named by its run
+    label = (path.parent.name if path.name == "drafter" else path.name) if path.is_dir() else spec
     label += " *" if drafts_after_prompt(drafter) else ""
     for prompt_set in args.prompts.split(","):
         ids = [prompt_ids(target.tokenizer, q) for q in load_prompts(prompt_set, args.limit)]

@@ -396,7 +396,7 @@ class FeatureCache:
         Padding positions get zero features; no block ever sees them (they come after every
         supervised token of their row).
         """
-        from dspark.drafters.blocks import sample_anchors
+        from dspark.drafters.blocks import batch_anchors
 
         samples = [self.sample(i, dtype) for i in indices]
         B, T = len(samples), max(s.input_ids.numel() for s in samples)
@@ -414,10 +414,8 @@ class FeatureCache:
                 s.features,
                 s.hidden,
             )
-        anchors = None
-        if num_anchors is not None or prompt_end:  # None: every eligible anchor (prompt ends too if asked)
-            n = num_anchors or mask.shape[1]
-            anchors = sample_anchors(mask, n, generator, prompt_end).to(device)  # [B, A]
+        anchors = batch_anchors(mask, num_anchors, generator, prompt_end)  # [B, A] or None
+        anchors = None if anchors is None else anchors.to(device)
         return TrainBatch(
             input_ids=ids.to(device),
             loss_mask=mask.to(device),

@@ -63,6 +63,18 @@ def sample_anchors(
     return anchors
 
 
+def batch_anchors(
+    loss_mask: Tensor, num_anchors: int | None, generator: torch.Generator | None, prompt_end: bool
+) -> Tensor | None:
+    """The anchors a training batch carries: :func:`sample_anchors`, or None (``num_anchors``
+    None) to leave them to the drafter, which takes every eligible one. With ``prompt_end``
+    and ``num_anchors`` None, every eligible anchor here, prompt ends included: the drafter's
+    own choice would leave them out."""
+    if num_anchors is None and not prompt_end:
+        return None
+    return sample_anchors(loss_mask, num_anchors or loss_mask.shape[1], generator, prompt_end)  # [B, A]
+
+
 @dataclass(frozen=True)
 class BlockLayout:
     """Where the K slots of each of the A blocks per sequence sit, and what they predict."""

@@ -68,15 +68,19 @@ def _block_fields(
         "num_hidden_layers": config.num_layers,
         "sts_temperatures": list(sts) if sts else None,
         **_vocab_field(config),
+        **_anchor_field(config),
     }
 
 
 def _vocab_field(config) -> dict[str, Any]:
-    """``draft_vocab_size`` (vLLM's name), for a reduced draft vocabulary only (older folders
-    unchanged); ``prompt_end_anchors`` (dspark's), only when trained so."""
+    """``draft_vocab_size`` (vLLM's name), for a reduced draft vocabulary only (older folders unchanged)."""
     n = getattr(config, "draft_vocab_size", None)
-    anchors = {"prompt_end_anchors": True} if getattr(config, "prompt_end_anchors", False) else {}
-    return ({"draft_vocab_size": n} if n is not None else {}) | anchors
+    return {"draft_vocab_size": n} if n is not None else {}
+
+
+def _anchor_field(config) -> dict[str, Any]:
+    """``prompt_end_anchors`` (dspark's), only for a drafter trained so (older folders unchanged)."""
+    return {"prompt_end_anchors": True} if config.prompt_end_anchors else {}
 
 
 def _draft_vocab(raw: dict[str, Any]) -> int | None:
@@ -116,6 +120,7 @@ def _eagle3_fields(config: Eagle3Config, *, num_target_layers: int) -> dict[str,
         "target_layer_ids": list(config.target_layer_ids),
         "num_hidden_layers": 1,
         **_vocab_field(config),
+        **_anchor_field(config),
     }
 
 

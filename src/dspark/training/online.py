@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dspark.drafters.blocks import sample_anchors
+from dspark.drafters.blocks import batch_anchors
 from dspark.errors import DsparkError
 from dspark.protocols import TrainBatch
 
@@ -73,10 +73,8 @@ def target_batch(
         out = packed_features(target, input_ids, lengths)
     else:
         out = target.forward(input_ids.to(target.device), target.new_cache(), with_features=True)
-    anchors = None
-    if num_anchors is not None or prompt_end:  # None: every eligible anchor (prompt ends too if asked)
-        n = num_anchors or loss_mask.shape[1]
-        anchors = sample_anchors(loss_mask.cpu(), n, generator, prompt_end).to(device)  # [B, A]
+    anchors = batch_anchors(loss_mask.cpu(), num_anchors, generator, prompt_end)  # [B, A] or None
+    anchors = None if anchors is None else anchors.to(device)
     return TrainBatch(
         input_ids=input_ids.to(device),
         loss_mask=loss_mask.to(device),

@@ -156,21 +156,21 @@ def test_prompt_end_anchors_train_blocks_at_the_prompts_last_token_and_say_so(tm
     """With the recipe every micro-batch's anchors may sit at the prompt's last token (the toy
     samples' position SEQ_LEN/2 - 1), and the trained drafter's folder says it drafts a
     request's first round; without it neither."""
-    import dspark.training.online as online
+    import dspark.drafters.blocks as blocks
     from dspark.drafters.folder import load_drafter
     from dspark.protocols import drafts_after_prompt
 
     from .toy_drafter import SEQ_LEN
 
     seen = []
-    sample = online.sample_anchors
+    sample = blocks.sample_anchors
 
     def spy(mask, num_anchors, generator=None, prompt_end=False):
         anchors = sample(mask, num_anchors, generator, prompt_end)
         seen.append(set(anchors.flatten().tolist()))
         return anchors
 
-    monkeypatch.setattr(online, "sample_anchors", spy)
+    monkeypatch.setattr(blocks, "sample_anchors", spy)
     for recipe, num_anchors in ((False, SEQ_LEN), (True, SEQ_LEN), (True, None)):  # None: every one
         seen.clear()
         drafter = _dspark(target)
