@@ -84,6 +84,16 @@ for payoff in (True, False):
         f"{s.steps} steps; request-rounds by n-gram {s.ngram_rounds}, model {s.model_rounds} (probes {s.model_probes}); "
         f"accepted {s.accepted} of {s.verified} verified"
     )
+    if payoff:
+        realism = engine.payoff.realism
+        strength = engine.payoff.config.realism_strength
+        print(
+            "  Realism (expected, accepted, factor) per proposer:",
+            {
+                k: (round(v.expected, 1), round(v.accepted, 1), round(v.factor(strength), 3))
+                for k, v in realism.items()
+            },
+        )
     if payoff and rounds_log:
         G = np.concatenate([g["model"] for g, _ in rounds_log if "model" in g])
         G = G[np.isfinite(G)]
