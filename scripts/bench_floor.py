@@ -29,6 +29,7 @@ import torch
 import dspark.engine.draft_stage as DS
 import dspark.engine.engine as E
 import dspark.engine.payoff_drafting as PD
+import dspark.engine.payoff_plan as PP
 import dspark.engine.verify_stage as VS
 from dspark.commands.loading import load_inference_target
 from dspark.data.chat import prompt_ids
@@ -56,14 +57,18 @@ def timed(name, fn):
 NEVER = [False]
 orig_plan = PD.PayoffDrafting.plan
 UNPRICED = [False]
-orig_probe_cost = PD.batch_probe_cost
+orig_probe_cost, orig_scalar_cost = PP.batch_probe_cost, PP.probe_cost
 
 
 def probe_cost(net, *a, **k):
     return np.zeros(net.shape[0]) if UNPRICED[0] else orig_probe_cost(net, *a, **k)
 
 
-PD.batch_probe_cost = probe_cost
+def scalar_probe_cost(*a, **k):  # the per-request plan of small batches
+    return 0.0 if UNPRICED[0] else orig_scalar_cost(*a, **k)
+
+
+PP.batch_probe_cost, PP.probe_cost = probe_cost, scalar_probe_cost
 
 
 def plan(self, decoding, K):

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 import dspark.engine.payoff_drafting as PD
+import dspark.engine.payoff_plan as PP
 from dspark.commands.loading import load_inference_target
 from dspark.data.chat import prompt_ids
 from dspark.data.prompts import load_prompts
@@ -40,7 +41,7 @@ ids = [prompt_ids(target.tokenizer, p) for p in load_prompts(prompt_set, 4)]
 reqs = list(itertools.islice(itertools.cycle(ids), max(c, 4)))  # as `bench matrix`: 4 requests at least
 rounds_log, costs_log = [], []
 expected: dict[tuple[int, int], float] = {}  # (request id, tokens generated) -> E(ℓ) of a model round
-quiet_margin, costs, plan = PD.quiet_margin, PD.PayoffDrafting.costs, PD.PayoffDrafting.plan
+quiet_margin, costs, plan = PP.quiet_margin, PD.PayoffDrafting.costs, PD.PayoffDrafting.plan
 
 
 def logged_margin(gains, **k):
@@ -65,13 +66,15 @@ def logged_plan(self, decoding, K):
     return choices, lookups
 
 
-PD.quiet_margin, PD.PayoffDrafting.costs, PD.PayoffDrafting.plan = logged_margin, logged_costs, logged_plan
+PP.quiet_margin, PD.PayoffDrafting.costs, PD.PayoffDrafting.plan = logged_margin, logged_costs, logged_plan
 for payoff in (True, False):
     engine = Engine(
         target,
         drafter,
         EngineConfig(block_size=7, policy="fixed", max_batch=c, max_seq_len=600, payoff=payoff),
     )
+    if payoff:  # every round through the batch plan, whose gains ``logged_margin`` sees (same decisions)
+        engine.payoff.small_batch = 0
     engine.generate(reqs[:1], SamplingParams(temperature=0.0, max_tokens=4))
     rounds_log.clear(), costs_log.clear(), expected.clear()
     first_id = engine._next_id  # the requests' ids, in prompt order

@@ -23,15 +23,16 @@ tokens it has not seen (timed apart before the call, fitted per call + per token
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 
-import numpy as np
 import torch
 
 from dspark.drafters.ngram import NgramConfig, NgramDrafter
 from dspark.drafters.request_state import sync_requests
 from dspark.engine.merged_block import merge_blocks
+from dspark.engine.payoff_plan import MODEL, NGRAM, POOL_MEMORY, SMALL_BATCH, plan_batch, plan_each
 from dspark.protocols import DraftBlock, Drafter, drafts_after_prompt
 from dspark.scheduler import SpsTable
 from dspark.scheduler.payoff import (
@@ -46,21 +47,8 @@ from dspark.scheduler.payoff import (
     shadow_outcome,
     start_shadows,
 )
-from dspark.scheduler.payoff_batch import (
-    batch_net,
-    batch_probe_cost,
-    batch_probe_value,
-    batch_rates,
-    best_of,
-    join_probe_call,
-    keep_q_observable,
-    pooled_probe_value,
-    quiet_margin,
-    shared_call_repaid,
-)
 from dspark.scheduler.step_times import DecayedLine, DraftCosts, StepTimes, fit_line
 
-POOL_MEMORY = 0.99  # per pooled observation
 # A catch-up (the whole prompt on a request's first model proposal, the skipped rounds on a
 # return) is paid once for the rounds that follow: each round that would pay it is charged
 # its share over this many of the request's next rounds (fewer near its end). Charged whole,
@@ -68,13 +56,7 @@ POOL_MEMORY = 0.99  # per pooled observation
 # rounds at 0.97x plain where the probe clock's forced tries drafted 196 at 1.10x).
 CATCH_UP_ROUNDS = 8
 SHADOW_EVERY = 4  # tokens between n-gram lookups while the n-gram does not pay
-# While a plan leaves every request plain and no probe can fall due, the next rounds reuse it
-# (counting skipped rounds, with the n-gram lookups due) for up to this many rounds in all:
-# pricing the batch is most of what a drafter attached costs a batch that decodes plainly
-# (gsm8k, 16 requests, tiny target: 0.8 ms of a 35 ms step).
-QUIET_REPLAN = 4
 
-NGRAM, MODEL = "ngram", "model"
 UPDATE = "model-update"  # the model drafter's state update after a round it drafted
 
 
@@ -149,6 +131,7 @@ class PayoffDrafting:
         # (request ids, K, rounds left) while the last plan holds (``QUIET_REPLAN``)
         self._quiet: tuple[tuple[int, ...], int, int] | None = None
         self.planned = self.reused = 0  # rounds priced in full / by the last quiet plan
+        self.small_batch = SMALL_BATCH  # batches up to this size are priced request by request
 
     def controller(self) -> PayoffController:
         return PayoffController(config=self.config)
@@ -229,134 +212,20 @@ class PayoffDrafting:
             self.draft_s[name] = per if prev is None else 0.9 * prev + 0.1 * per
 
     def plan(self, decoding: list, K: int) -> tuple[list[Choice], dict[int, list[int]]]:
-        """Every decoding request's choice this round, and the n-gram lookups (request id -> tokens).
-
-        The same decisions as :meth:`PayoffController.decide` request by request, with every
-        request's gains computed at once (``scheduler/payoff_batch.py``); only the requests
-        that may draft or probe this round go through ``decide``, the others just count a
-        plain round.
-        """
+        """Every decoding request's choice this round, and the n-gram lookups (request id -> tokens):
+        :meth:`PayoffController.decide`'s decisions request by request (``engine/payoff_plan.py``)."""
         quiet, self._quiet = self._quiet, None
         if quiet is not None and quiet[:2] == (tuple(r.id for r in decoding), K):
             return self._quiet_round(decoding, K, quiet[2])
         self.planned += 1
-        R, config = len(decoding), self.config
-        # requests in their first round, where a drafter trained on response anchors is not asked
-        first = [] if self.model_after_prompt else [not r.generated for r in decoding]
-        costs = self.costs(R)
-        priors = {name: record.rates(config) for name, record in self.pooled.items()}
-        scales = self.scales()
-        ctrls = [r.payoff for r in decoding]
-        budget = np.array([min(K, max(r.draft_budget, 0)) for r in decoding], dtype=np.int64)  # [R]
+        if len(decoding) <= self.small_batch and not self.config.value_probes:
+            return plan_each(self, decoding, K)
+        return plan_batch(self, decoding, K)
 
-        nets: dict[str, np.ndarray] = {}  # proposer -> net gains [R, K] (``batch_net``)
-        rates: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # proposer -> (e [R], q [R]) unscaled
-
-        def gains_of(name: str, caps: np.ndarray, draft_s) -> tuple[np.ndarray, np.ndarray]:
-            if name not in nets:
-                e, q = rates[name] = batch_rates(
-                    [c.records.get(name) for c in ctrls], config, priors.get(name)
-                )
-                nets[name] = batch_net(np.minimum(e * scales.get(name, 1.0), 1.0), q, costs, config.margin)
-            return best_of(nets[name], caps, draft_s, costs.tokens_per_s)
-
-        lookups: dict[int, list[int]] = {}
-        gains: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # proposer -> (G [R], ℓ [R])
-        caps: dict[str, np.ndarray] = {}
-        ngram_hopeless = True  # for every request (or no n-gram)
-        if self.ngram is not None:
-            hopeless = gains_of(NGRAM, budget, costs.draft_s.get(NGRAM, 0.0))[0] <= 0  # [R]
-            ngram_hopeless = bool(hopeless.all())
-            lookups = self._lookups(decoding, budget.tolist(), hopeless.tolist())
-            caps[NGRAM] = np.array([len(lookups[r.id]) for r in decoding], dtype=np.int64)
-            gains[NGRAM] = gains_of(NGRAM, caps[NGRAM], costs.draft_s.get(NGRAM, 0.0))
-        tried = MODEL in self.pooled
-        call_s = self.model_call_s(R) if tried else 0.0
-        skipped = np.array([c.skipped for c in ctrls], dtype=np.int64)  # [R]
-        interval = np.array([c.interval or c.config.probe_every for c in ctrls], dtype=np.int64)  # [R]
-        probe_costs: dict[str, np.ndarray] = {}  # proposer -> tokens a probe costs [R]
-        probe_values: dict[str, np.ndarray] = {}  # proposer -> tokens it may win by what it tells [R]
-        if self.model is not None:
-            model_s: np.ndarray | float = costs.draft_s.get(MODEL, 0.0)
-            if MODEL in costs.draft_s and self.sync_line.w:  # + each request's catch-up
-                model_s = model_s + self.catch_up_charge(decoding)
-            caps[MODEL] = np.where(first, 0, budget) if first else budget  # [R]
-            gains[MODEL] = gains_of(MODEL, caps[MODEL], model_s)
-            probe_costs[MODEL] = batch_probe_cost(
-                nets[MODEL], config.probe_length, draft_s=model_s, call_s=call_s, costs=costs,
-                margin=config.margin,
-            )  # fmt: skip
-            if config.value_probes:
-                records = [c.records.get(MODEL) for c in ctrls]
-                scale = scales.get(MODEL, 1.0)  # prices the gains; a probe's hit chance is unscaled
-                e_now = batch_rates(records, config, priors.get(MODEL))[0]
-                left = np.array([max(r.draft_budget + 1, 1) for r in decoding], dtype=np.float64)  # [R]
-                probe_values[MODEL] = batch_probe_value(
-                    records, e_now, budget, left, draft_s=model_s, costs=costs, config=config,
-                    prior=priors.get(MODEL), scale=scale,
-                )  # fmt: skip
-                if MODEL in self.pooled:  # and what it tells every request through the pool,
-                    public = pooled_probe_value(
-                        self.pooled[MODEL], records, budget, left, draft_s=model_s, costs=costs,
-                        config=config, pool_memory=POOL_MEMORY, scale=scale,
-                    )  # fmt: skip
-                    # carried by one probe a round: the cheapest of those the probe clock allows
-                    clock_due = (skipped + 1 >= interval) & (gains[MODEL][0] <= 0)
-                    clock_due &= np.isfinite(probe_costs[MODEL]) & (budget >= 1)
-                    if clock_due.any():
-                        i = int(np.argmin(np.where(clock_due, probe_costs[MODEL], np.inf)))
-                        probe_values[MODEL][i] = max(probe_values[MODEL][i], public)
-        blocked = ()
-        if call_s > 0 and MODEL in gains:  # the model's call is shared: does the batch repay it?
-            g = {name: g for name, (g, _) in gains.items()}
-            blocked = () if shared_call_repaid(g, MODEL, call_s, costs.tokens_per_s) else (MODEL,)
-        margin = quiet_margin(
-            {name: g for name, (g, _) in gains.items()},
-            probeable=[n for n in gains if n != NGRAM],
-            blocked=blocked,
-            skipped=skipped,
-            interval=interval,
-            probe_costs=probe_costs,
-            probe_values=probe_values,
-            config=config,
-        )  # [R]
-        quiet = margin >= 0
-        # Every request decodes plainly, the n-gram could not pay even with a whole block (so
-        # only due lookups run), and no probe falls due for a while: the next rounds keep this.
-        rounds = min(QUIET_REPLAN - 1, int(margin.min())) if R else 0
-        # (a request in its first round may draft with the model in its next: price that one)
-        if rounds > 0 and ngram_hopeless and not any(first):
-            self._quiet = (tuple(r.id for r in decoding), K, rounds)
-        choices = [PLAIN] * R
-        for i in np.flatnonzero(quiet).tolist():
-            ctrls[i].skipped += 1
-        model_tries = False
-        for i in np.flatnonzero(~quiet).tolist():
-            own_caps = {name: int(c[i]) for name, c in caps.items()}
-            own = {n: (float(g[i]), int(ell[i])) for n, (g, ell) in gains.items() if own_caps[n] >= 1}
-            if not tried and model_tries:
-                # Until some request's outcome with the model is in the pool, one request at a
-                # time tries it: its first proposal is the costly one (the whole prompt's context).
-                own_caps[MODEL] = 0
-                own.pop(MODEL, None)
-            own_probes = {name: float(c[i]) for name, c in probe_costs.items()}
-            own_values = {name: float(v[i]) for name, v in probe_values.items()}
-            choices[i] = ctrls[i].decide(
-                own_caps, costs, shadowed=(NGRAM,), priors=priors, blocked=blocked, gains=own,
-                probe_costs=own_probes, probe_values=own_values,
-            )  # fmt: skip
-            model_tries |= choices[i].proposer == MODEL
-        if MODEL in blocked:
-            join_probe_call(choices, ctrls, gains, MODEL)
-        keep_q_observable(choices, caps.get(MODEL), MODEL)
-        for i, (ctrl, choice) in enumerate(zip(ctrls, choices)):
-            real = choice.proposer is not None and not choice.probe
-            ctrl.expecting = None
-            if real:
-                e, q = rates[choice.proposer]
-                ctrl.expecting = (choice.proposer, float(e[i]), float(q[i]))
-        start_shadows(decoding, choices, lookups, NGRAM)
-        return choices, lookups
+    @property
+    def proposers(self) -> list[str]:
+        """The proposers a request may choose from (besides plain decoding)."""
+        return [name for name, p in ((NGRAM, self.ngram), (MODEL, self.model)) if p is not None]
 
     def scales(self) -> dict[str, float]:
         """:meth:`Realism.factor` per proposer: the first-draft rates are priced times this."""
@@ -392,21 +261,21 @@ class PayoffDrafting:
         self._measured(NGRAM, self.clock() - started, len(decoding))
         return lookups
 
-    def catch_up_charge(self, decoding: list) -> np.ndarray:
+    def catch_up_charge(self, decoding: list) -> list[float]:
         """``[R]``: the seconds of each request's catch-up (:meth:`catch_up_batch`) charged to this
         round: its share over the next ``CATCH_UP_ROUNDS`` rounds, or over the rounds the request
         has left (at most two tokens a round) if fewer."""
-        left = np.array([max(r.draft_budget + 1, 1) for r in decoding], dtype=np.float64)  # [R]
-        return self.catch_up_batch(decoding) / np.clip(np.ceil(left / 2), 1, CATCH_UP_ROUNDS)
+        rounds = [min(max(math.ceil(max(r.draft_budget + 1, 1) / 2), 1), CATCH_UP_ROUNDS) for r in decoding]
+        return [seconds / n for seconds, n in zip(self.catch_up_batch(decoding), rounds)]
 
-    def catch_up_batch(self, decoding: list) -> np.ndarray:
+    def catch_up_batch(self, decoding: list) -> list[float]:
         """:meth:`catch_up_s` of every request, ``[R]``: the fitted absorption line at each one's
-        pending tokens, 0 where none are pending."""
+        pending tokens, 0 where none are pending. (Python floats: at a few requests numpy's
+        per-call cost was most of a plan's.)"""
         if not self.sync_line.w or self.fixed_costs is not None:
-            return np.zeros(len(decoding))
-        n = np.array([self.pending(r) for r in decoding], dtype=np.float64)  # [R]
+            return [0.0] * len(decoding)
         a, b = fit_line(self.sync_line)
-        return np.where(n > 0, a + b * n, 0.0)
+        return [a + b * n if (n := self.pending(r)) > 0 else 0.0 for r in decoding]
 
     def propose(
         self,

@@ -28,6 +28,7 @@ read, never a draft, so decisions priced with these stay lossless.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -92,6 +93,13 @@ def fit_line(
     return min(candidates, key=sse)
 
 
+@functools.lru_cache(maxsize=256)
+def prior_sizes(lo: int, hi: int) -> tuple[int, ...]:
+    """Up to 8 sizes spread evenly over ``lo..hi``: where :meth:`StepTimes.fit` puts its prior."""
+    n = min(hi - lo + 1, 8)
+    return tuple(sorted({round(lo + (hi - lo) * i / max(n - 1, 1)) for i in range(n)}))
+
+
 @dataclass
 class StepTimes:
     """Observed forward seconds fitted affine in the step's rows, over a profile prior."""
@@ -102,6 +110,8 @@ class StepTimes:
     line: DecayedLine = field(init=False)
     scale_sum: float = 0.0  # decayed Σ t_obs / t_profile over every size
     scale_count: float = 0.0
+    # (lo, hi) -> (a, b) since the last observation: a round prices the same sizes more than once
+    _fits: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.line = DecayedLine(self.memory)
@@ -110,6 +120,7 @@ class StepTimes:
         """One forward of ``num_tokens`` decode/verification rows took ``seconds``."""
         if num_tokens < 1 or seconds <= 0:
             return
+        self._fits.clear()
         self.line.observe(float(num_tokens), seconds)
         self.scale_sum = self.memory * self.scale_sum + seconds * self.profile(num_tokens)
         self.scale_count = self.memory * self.scale_count + 1.0
@@ -123,11 +134,11 @@ class StepTimes:
         """``(a, b)`` of ``t̂(B) = a + b·B`` for pricing sizes ``lo..hi``: the prior's
         pseudo-points are the rescaled profile at those sizes."""
         lo, hi = max(lo, 1), max(hi, lo, 1)
-        n = min(hi - lo + 1, 8)
-        sizes = sorted({round(lo + (hi - lo) * i / max(n - 1, 1)) for i in range(n)})
-        s = self.scale
-        prior = [(float(B), s / self.profile(B)) for B in sizes]
-        return fit_line(self.line, prior, self.prior_weight)
+        if (lo, hi) not in self._fits:
+            s = self.scale
+            prior = [(float(B), s / self.profile(B)) for B in prior_sizes(lo, hi)]
+            self._fits[lo, hi] = fit_line(self.line, prior, self.prior_weight)
+        return self._fits[lo, hi]
 
     def seconds(self, num_tokens: int, *, span: int = 1) -> float:
         """``t̂(B)``, fitted for the sizes ``B..span·B`` (the profile's own before any step)."""

@@ -301,7 +301,7 @@ def test_backbone_drafters_catch_up_lazily_and_the_catch_up_is_priced(target, sp
     far, near = req(40, 20), req(40, 20)
     far.draft_budget, near.draft_budget = 100, 3
     whole = payoff.catch_up_s(far)
-    assert payoff.catch_up_charge([far, near]).tolist() == pytest.approx([whole / 8, whole / 2])
+    assert payoff.catch_up_charge([far, near]) == pytest.approx([whole / 8, whole / 2])
     eager = PayoffDrafting(NoisyOracleDrafter({}, VOCAB), VOCAB, 4, sps)
     assert not eager.lazy_update and eager.pending(req(40, None)) == 0
 
@@ -333,15 +333,16 @@ def test_a_batch_that_decodes_plainly_reuses_its_plan_with_the_same_decisions(
     """While every request decodes plainly and no probe can fall due, the next rounds reuse the
     plan (``QUIET_REPLAN``) instead of pricing the batch again: the same choices round by round,
     probes included, the same output, and most rounds not priced — also as requests join, for
-    a drafter that is not asked in their first round."""
-    import dspark.engine.payoff_drafting as payoff_drafting
+    a drafter that is not asked in their first round. (The batch plan's reuse: a batch this
+    small is otherwise priced request by request, cheaply, every round.)"""
+    import dspark.engine.payoff_plan as payoff_plan
 
     prompts = make_prompts(6, seed=41, min_len=12)
     refs = greedy_references(target, prompts, 100)
     costly = (("model", 0.5), ("ngram", 10.0))  # neither pays; the model is still probed
     runs = {}
-    for replan in (1, payoff_drafting.QUIET_REPLAN):
-        monkeypatch.setattr(payoff_drafting, "QUIET_REPLAN", replan)
+    for replan in (1, payoff_plan.QUIET_REPLAN):
+        monkeypatch.setattr(payoff_plan, "QUIET_REPLAN", replan)
         drafter = NoisyOracleDrafter({tuple(p): r for p, (r, _) in zip(prompts, refs)}, VOCAB, error=1.0)
         drafter.drafts_after_prompt = after_prompt
         engine = Engine(
@@ -349,6 +350,7 @@ def test_a_batch_that_decodes_plainly_reuses_its_plan_with_the_same_decisions(
         )
         # short probe waits, so that probes fall due at every phase of the reused plans
         engine.payoff.config = PayoffConfig(probe_every=3, probe_max=12, probe_budget=0.3)
+        engine.payoff.small_batch = 0
         decisions = []
         plan = engine.payoff.plan
 
@@ -362,7 +364,7 @@ def test_a_batch_that_decodes_plainly_reuses_its_plan_with_the_same_decisions(
         results = run_engine(engine, prompts, greedy, join_after=7)  # 3 requests, then 3 more join
         assert [r.token_ids for r in results] == [r for r, _ in refs]
         runs[replan] = (decisions, engine.stats, engine.payoff)
-    (every, every_stats, every_payoff), (reused, stats, payoff) = runs[1], runs[payoff_drafting.QUIET_REPLAN]
+    (every, every_stats, every_payoff), (reused, stats, payoff) = runs[1], runs[payoff_plan.QUIET_REPLAN]
     assert reused == every
     assert every_stats.model_probes > 0 and stats.model_probes == every_stats.model_probes
     assert every_stats.quiet_plans == 0 and every_payoff.reused == 0
@@ -454,7 +456,7 @@ def test_early_misses_at_the_second_draft_do_not_hold_a_drafter_to_one_draft(tar
     """Only a round verifying two drafts or more tests the later rate q: once early misses at
     position 2 priced one draft a round, q never moved again. A model round verifies two at
     least (``keep_q_observable``), so q recovers and the drafter's rounds grow again."""
-    from dspark.engine import payoff_drafting
+    from dspark.engine import payoff_plan
 
     prompts = make_prompts(2, seed=23, min_len=10)
     refs = greedy_references(target, prompts, 90)
@@ -463,7 +465,7 @@ def test_early_misses_at_the_second_draft_do_not_hold_a_drafter_to_one_draft(tar
     steps = {}
     for rule in (True, False):
         if not rule:
-            monkeypatch.setattr(payoff_drafting, "keep_q_observable", lambda *a: None)
+            monkeypatch.setattr(payoff_plan, "keep_q_observable", lambda *a: None)
         engine = Engine(target, EarlySecondDraftMisses(references, VOCAB, early=12), config, sps=sps)
         results = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=90))
         assert [r.token_ids for r in results] == [r for r, _ in refs]

@@ -12,14 +12,8 @@ import numpy as np
 import pytest
 
 from dspark.drafters.ngram import lookup
-from dspark.engine.payoff_drafting import (
-    MODEL,
-    NGRAM,
-    POOL_MEMORY,
-    SHADOW_EVERY,
-    PayoffDrafting,
-    join_probe_call,
-)
+from dspark.engine.payoff_drafting import SHADOW_EVERY, PayoffDrafting
+from dspark.engine.payoff_plan import MODEL, NGRAM, POOL_MEMORY
 from dspark.engine.requests import Request
 from dspark.protocols import SamplingParams, SequenceState
 from dspark.scheduler import FirstAcceptPredictor
@@ -34,6 +28,7 @@ from dspark.scheduler.payoff import (
     probe_value,
     shared_call_pays,
 )
+from dspark.scheduler.payoff_batch import join_probe_call
 
 from .conftest import VOCAB
 from .drafters import NoisyOracleDrafter
@@ -148,7 +143,12 @@ def reference_plan(payoff: PayoffDrafting, decoding: list[Request], K: int):
     for i, (choice, caps) in enumerate(zip(choices, every_caps)):  # q stays observable
         if choice.proposer == MODEL and not choice.probe and choice.length < min(2, caps[MODEL]):
             choices[i] = Choice(MODEL, min(2, caps[MODEL]))
-    for req, choice in zip(decoding, choices):
+    for req, choice in zip(decoding, choices):  # what a real round expects (Realism), unscaled
+        name = choice.proposer
+        real = name is not None and not choice.probe
+        req.payoff.expecting = (
+            (name, *req.payoff.record(name).rates(config, priors.get(name))) if real else None
+        )
         if choice.proposer != NGRAM and lookups.get(req.id) and req.shadow is None:
             req.shadow = (len(req.generated), lookups[req.id])
         if choice.proposer == NGRAM:
@@ -241,6 +241,43 @@ def test_the_vectorised_plan_decides_as_each_request_would(target, sps, lazy, me
                 want.payoff.interval,
                 want.shadow,
             ), trial
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+@pytest.mark.parametrize("measured", [False, True])
+@pytest.mark.parametrize("after_prompt", [True, False])
+def test_both_plans_decide_as_each_request_would(target, sps, lazy, measured, after_prompt):
+    """Without probe values (the default) a small batch is priced request by request
+    (``plan_each``), a large one at once (``plan_batch``): forced either way, at every size,
+    both make the reference's decisions, lookups and probe clocks."""
+    rng = random.Random(11 + lazy + 2 * measured + 4 * after_prompt)
+    paths = {"each": 1 << 20, "batch": 0}
+    for trial in range(25):
+        # at 0.001 most probes wait on their price: the probe cost decides
+        config = PayoffConfig(probe_every=4, probe_max=16, probe_budget=rng.choice([0.02, 0.001]))
+        drafter = build("dflash", target) if lazy else NoisyOracleDrafter({}, VOCAB)
+        costs = None if measured else (("model", rng.uniform(0.0, 0.3)), ("ngram", 0.0))
+        payoff = PayoffDrafting(
+            drafter, VOCAB, 7, sps, draft_costs=dict(costs) if costs else None, config=config
+        )
+        payoff.model_after_prompt = after_prompt  # a drafter not asked in a request's first round
+        priced(payoff, rng, measured=measured)
+        reqs = requests(rng, rng.choice([1, 2, 4, 8, 16]), config)
+        expected_reqs = copy.deepcopy(reqs)
+        expected_choices, expected_lookups = reference_plan(copy.deepcopy(payoff), expected_reqs, 7)
+        for path, small_batch in paths.items():
+            got_reqs, got_payoff = copy.deepcopy(reqs), copy.deepcopy(payoff)
+            got_payoff.small_batch = small_batch
+            choices, lookups = got_payoff.plan(got_reqs, 7)
+            assert (got_payoff.planned, choices, lookups) == (1, expected_choices, expected_lookups), (
+                path,
+                trial,
+            )
+            for got, want in zip(got_reqs, expected_reqs):
+                state = (got.payoff.skipped, got.payoff.interval, got.shadow, got.payoff.expecting)
+                assert state == (
+                    want.payoff.skipped, want.payoff.interval, want.shadow, want.payoff.expecting
+                ), (path, trial)  # fmt: skip
 
 
 def test_requests_that_gain_join_a_blocked_model_call_a_probe_pays_for():

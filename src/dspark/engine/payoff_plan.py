@@ -1,0 +1,278 @@
+"""A round's payoff plan: every decoding request's proposer and verification cap (issue 17).
+
+The decisions are :meth:`PayoffController.decide`'s, request by request, fed with the
+round's costs, the pooled priors and :class:`~dspark.scheduler.payoff.Realism` scales of
+:class:`~dspark.engine.payoff_drafting.PayoffDrafting`. Two ways to reach them, tested to
+agree choice for choice:
+
+- :func:`plan_batch` prices every request with every proposer at once with the numpy
+  formulas of ``scheduler/payoff_batch.py`` and sends through ``decide`` only the requests
+  that may draft or probe; it also lets a batch that decodes plainly reuse its plan
+  (``QUIET_REPLAN``). At 16 or 64 requests that is what keeps pricing cheap.
+- :func:`plan_each` prices request by request with the scalar formulas of
+  ``scheduler/payoff.py``. With a few requests the batch formulas' numpy calls cost more
+  than the arithmetic they vectorise: 0.8 ms of a 23 ms step at 4 requests on the tiny
+  target (``scripts/bench_floor.py``), a floor of 3.5 % under plain decoding.
+
+Both end in :func:`settle`: a blocked model call that a probe pays anyway is joined,
+model rounds verify two drafts at least, each real round records what it expects
+(Realism), and the n-gram's shadow evaluations start.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from dspark.scheduler.payoff import (
+    PLAIN,
+    AcceptanceRecord,
+    Choice,
+    PayoffController,
+    best_length,
+    probe_cost,
+    shared_call_pays,
+    start_shadows,
+)
+from dspark.scheduler.payoff_batch import (
+    batch_net,
+    batch_probe_cost,
+    batch_probe_value,
+    batch_rates,
+    best_of,
+    join_probe_call,
+    keep_q_observable,
+    pooled_probe_value,
+    quiet_margin,
+    shared_call_repaid,
+)
+
+if TYPE_CHECKING:
+    from dspark.engine.payoff_drafting import PayoffDrafting
+
+NGRAM, MODEL = "ngram", "model"
+POOL_MEMORY = 0.99  # per pooled observation
+# While a plan leaves every request plain and no probe can fall due, the next rounds reuse it
+# (counting skipped rounds, with the n-gram lookups due) for up to this many rounds in all:
+# pricing the batch is most of what a drafter attached costs a batch that decodes plainly
+# (gsm8k, 16 requests, tiny target: 0.8 ms of a 35 ms step).
+QUIET_REPLAN = 4
+# Batches up to this many requests are priced request by request (:func:`plan_each`).
+SMALL_BATCH = 8
+
+_EMPTY = AcceptanceRecord()  # rates of a request without evidence (never mutated)
+Gains = dict[str, tuple[Sequence[float], Sequence[int]]]  # proposer -> (G [R], ℓ [R])
+
+
+def plan_each(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Choice], dict[int, list[int]]]:
+    """The round's choices and n-gram lookups (request id -> tokens), priced request by request.
+
+    Not with ``value_probes`` (:func:`plan_batch` prices a probe's value)."""
+    assert not payoff.config.value_probes, "plan_each does not price a probe's value"
+    R, config = len(decoding), payoff.config
+    costs = payoff.costs(R)
+    priors = {name: record.rates(config) for name, record in payoff.pooled.items()}
+    scales = payoff.scales()
+    ctrls = [r.payoff for r in decoding]
+    budget = [min(K, max(r.draft_budget, 0)) for r in decoding]
+    rates = {  # proposer -> (e, q) per request, unscaled
+        name: [(c.records.get(name) or _EMPTY).rates(config, priors.get(name)) for c in ctrls]
+        for name in payoff.proposers
+    }
+
+    def best(name: str, i: int, cap: int, draft_s: float) -> tuple[float, int]:
+        e, q = rates[name][i]
+        e = min(1.0, e * scales.get(name, 1.0))
+        return best_length(e, q, cap, draft_s=draft_s, costs=costs, margin=config.margin)
+
+    lookups: dict[int, list[int]] = {}
+    caps: dict[str, list[int]] = {}
+    d_ngram = costs.draft_s.get(NGRAM, 0.0)
+    if payoff.ngram is not None:
+        hopeless = [best(NGRAM, i, n, d_ngram)[0] <= 0 for i, n in enumerate(budget)]
+        lookups = payoff._lookups(decoding, budget, hopeless)
+        caps[NGRAM] = [len(lookups[r.id]) for r in decoding]
+    model_s = [costs.draft_s.get(MODEL, 0.0)] * R
+    if payoff.model is not None:
+        if MODEL in costs.draft_s and payoff.sync_line.w:  # + each request's catch-up
+            model_s = [d + c for d, c in zip(model_s, payoff.catch_up_charge(decoding))]
+        after_prompt = payoff.model_after_prompt
+        caps[MODEL] = [n if after_prompt or r.generated else 0 for r, n in zip(decoding, budget)]
+    draft_s = {NGRAM: [d_ngram] * R, MODEL: model_s}
+    own = [
+        {name: best(name, i, c[i], draft_s[name][i]) for name, c in caps.items() if c[i] >= 1}
+        for i in range(R)
+    ]
+    tried = MODEL in payoff.pooled
+    call_s = payoff.model_call_s(R) if tried else 0.0
+    blocked: tuple[str, ...] = ()
+    if call_s > 0 and payoff.model is not None:  # the model's call is shared: does the batch repay it?
+        top = [g[MODEL][0] for g in own if MODEL in g and g[MODEL][0] >= max(v[0] for v in g.values())]
+        blocked = () if shared_call_pays(top, call_s, costs.tokens_per_s) else (MODEL,)
+    choices, model_tries = [], False
+    for i, ctrl in enumerate(ctrls):
+        own_caps = {name: c[i] for name, c in caps.items()}
+        gains = own[i]
+        probes = {}
+        if payoff.model is not None:
+            e, q = rates[MODEL][i]
+            probes[MODEL] = probe_cost(
+                min(1.0, e * scales.get(MODEL, 1.0)), q, config.probe_length, draft_s=model_s[i],
+                call_s=call_s, costs=costs, margin=config.margin,
+            )  # fmt: skip
+            if not tried and model_tries:  # one request at a time tries the model (see plan_batch)
+                own_caps[MODEL] = 0
+                gains = {n: g for n, g in gains.items() if n != MODEL}
+        choice = ctrl.decide(
+            own_caps, costs, shadowed=(NGRAM,), priors=priors, blocked=blocked, gains=gains,
+            probe_costs=probes,
+        )  # fmt: skip
+        choices.append(choice)
+        model_tries |= choice.proposer == MODEL
+    table: Gains = {  # as plan_batch's arrays: -inf where a proposer cannot propose
+        name: ([g.get(name, (-math.inf, 0))[0] for g in own], [g.get(name, (-math.inf, 0))[1] for g in own])
+        for name in caps
+    }
+    unscaled = {name: ([e for e, _ in r], [q for _, q in r]) for name, r in rates.items()}
+    settle(payoff, decoding, choices, table, caps.get(MODEL), unscaled, lookups, blocked)
+    return choices, lookups
+
+
+def plan_batch(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Choice], dict[int, list[int]]]:
+    """The round's choices and n-gram lookups, every request's gains computed at once; only the
+    requests that may draft or probe this round go through ``decide``, the others just count
+    a plain round."""
+    R, config = len(decoding), payoff.config
+    # requests in their first round, where a drafter trained on response anchors is not asked
+    first = [] if payoff.model_after_prompt else [not r.generated for r in decoding]
+    costs = payoff.costs(R)
+    priors = {name: record.rates(config) for name, record in payoff.pooled.items()}
+    scales = payoff.scales()
+    ctrls = [r.payoff for r in decoding]
+    budget = np.array([min(K, max(r.draft_budget, 0)) for r in decoding], dtype=np.int64)  # [R]
+
+    nets: dict[str, np.ndarray] = {}  # proposer -> net gains [R, K] (``batch_net``)
+    rates: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # proposer -> (e [R], q [R]) unscaled
+
+    def gains_of(name: str, caps: np.ndarray, draft_s) -> tuple[np.ndarray, np.ndarray]:
+        if name not in nets:
+            e, q = rates[name] = batch_rates([c.records.get(name) for c in ctrls], config, priors.get(name))
+            nets[name] = batch_net(np.minimum(e * scales.get(name, 1.0), 1.0), q, costs, config.margin)
+        return best_of(nets[name], caps, draft_s, costs.tokens_per_s)
+
+    lookups: dict[int, list[int]] = {}
+    gains: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # proposer -> (G [R], ℓ [R])
+    caps: dict[str, np.ndarray] = {}
+    ngram_hopeless = True  # for every request (or no n-gram)
+    if payoff.ngram is not None:
+        hopeless = gains_of(NGRAM, budget, costs.draft_s.get(NGRAM, 0.0))[0] <= 0  # [R]
+        ngram_hopeless = bool(hopeless.all())
+        lookups = payoff._lookups(decoding, budget.tolist(), hopeless.tolist())
+        caps[NGRAM] = np.array([len(lookups[r.id]) for r in decoding], dtype=np.int64)
+        gains[NGRAM] = gains_of(NGRAM, caps[NGRAM], costs.draft_s.get(NGRAM, 0.0))
+    tried = MODEL in payoff.pooled
+    call_s = payoff.model_call_s(R) if tried else 0.0
+    skipped = np.array([c.skipped for c in ctrls], dtype=np.int64)  # [R]
+    interval = np.array([c.interval or c.config.probe_every for c in ctrls], dtype=np.int64)  # [R]
+    probe_costs: dict[str, np.ndarray] = {}  # proposer -> tokens a probe costs [R]
+    probe_values: dict[str, np.ndarray] = {}  # proposer -> tokens it may win by what it tells [R]
+    if payoff.model is not None:
+        model_s: np.ndarray | float = costs.draft_s.get(MODEL, 0.0)
+        if MODEL in costs.draft_s and payoff.sync_line.w:  # + each request's catch-up
+            model_s = model_s + np.asarray(payoff.catch_up_charge(decoding))  # [R]
+        caps[MODEL] = np.where(first, 0, budget) if first else budget  # [R]
+        gains[MODEL] = gains_of(MODEL, caps[MODEL], model_s)
+        probe_costs[MODEL] = batch_probe_cost(
+            nets[MODEL], config.probe_length, draft_s=model_s, call_s=call_s, costs=costs,
+            margin=config.margin,
+        )  # fmt: skip
+        if config.value_probes:
+            records = [c.records.get(MODEL) for c in ctrls]
+            scale = scales.get(MODEL, 1.0)  # prices the gains; a probe's hit chance is unscaled
+            e_now = batch_rates(records, config, priors.get(MODEL))[0]
+            left = np.array([max(r.draft_budget + 1, 1) for r in decoding], dtype=np.float64)  # [R]
+            probe_values[MODEL] = batch_probe_value(
+                records, e_now, budget, left, draft_s=model_s, costs=costs, config=config,
+                prior=priors.get(MODEL), scale=scale,
+            )  # fmt: skip
+            if MODEL in payoff.pooled:  # and what it tells every request through the pool,
+                public = pooled_probe_value(
+                    payoff.pooled[MODEL], records, budget, left, draft_s=model_s, costs=costs,
+                    config=config, pool_memory=POOL_MEMORY, scale=scale,
+                )  # fmt: skip
+                # carried by one probe a round: the cheapest of those the probe clock allows
+                clock_due = (skipped + 1 >= interval) & (gains[MODEL][0] <= 0)
+                clock_due &= np.isfinite(probe_costs[MODEL]) & (budget >= 1)
+                if clock_due.any():
+                    i = int(np.argmin(np.where(clock_due, probe_costs[MODEL], np.inf)))
+                    probe_values[MODEL][i] = max(probe_values[MODEL][i], public)
+    blocked: tuple[str, ...] = ()
+    if call_s > 0 and MODEL in gains:  # the model's call is shared: does the batch repay it?
+        g = {name: g for name, (g, _) in gains.items()}
+        blocked = () if shared_call_repaid(g, MODEL, call_s, costs.tokens_per_s) else (MODEL,)
+    margin = quiet_margin(
+        {name: g for name, (g, _) in gains.items()},
+        probeable=[n for n in gains if n != NGRAM],
+        blocked=blocked,
+        skipped=skipped,
+        interval=interval,
+        probe_costs=probe_costs,
+        probe_values=probe_values,
+        config=config,
+    )  # [R]
+    quiet = margin >= 0
+    # Every request decodes plainly, the n-gram could not pay even with a whole block (so
+    # only due lookups run), and no probe falls due for a while: the next rounds keep this.
+    rounds = min(QUIET_REPLAN - 1, int(margin.min())) if R else 0
+    # (a request in its first round may draft with the model in its next: price that one)
+    if rounds > 0 and ngram_hopeless and not any(first):
+        payoff._quiet = (tuple(r.id for r in decoding), K, rounds)
+    choices = [PLAIN] * R
+    for i in np.flatnonzero(quiet).tolist():
+        ctrls[i].skipped += 1
+    model_tries = False
+    for i in np.flatnonzero(~quiet).tolist():
+        own_caps = {name: int(c[i]) for name, c in caps.items()}
+        own = {n: (float(g[i]), int(ell[i])) for n, (g, ell) in gains.items() if own_caps[n] >= 1}
+        if not tried and model_tries:
+            # Until some request's outcome with the model is in the pool, one request at a
+            # time tries it: its first proposal is the costly one (the whole prompt's context).
+            own_caps[MODEL] = 0
+            own.pop(MODEL, None)
+        own_probes = {name: float(c[i]) for name, c in probe_costs.items()}
+        own_values = {name: float(v[i]) for name, v in probe_values.items()}
+        choices[i] = ctrls[i].decide(
+            own_caps, costs, shadowed=(NGRAM,), priors=priors, blocked=blocked, gains=own,
+            probe_costs=own_probes, probe_values=own_values,
+        )  # fmt: skip
+        model_tries |= choices[i].proposer == MODEL
+    settle(payoff, decoding, choices, gains, caps.get(MODEL), rates, lookups, blocked)
+    return choices, lookups
+
+
+def settle(
+    payoff: PayoffDrafting,
+    decoding: list,
+    choices: list[Choice],
+    gains: Mapping[str, tuple[Sequence[float], Sequence[int]]],
+    model_caps: Sequence[int] | None,
+    rates: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    lookups: dict[int, list[int]],
+    blocked: Sequence[str],
+) -> None:
+    """What every plan does once each request has decided (in place): ``gains`` per proposer
+    ``(G [R], ℓ [R])`` (−inf where it cannot propose), the model's caps ``[R]``, the unscaled
+    rates ``(e [R], q [R])`` per proposer."""
+    ctrls: list[PayoffController] = [r.payoff for r in decoding]
+    if MODEL in blocked:
+        join_probe_call(choices, ctrls, gains, MODEL)
+    keep_q_observable(choices, model_caps, MODEL)
+    for i, (ctrl, choice) in enumerate(zip(ctrls, choices)):
+        ctrl.expecting = None
+        if choice.proposer is not None and not choice.probe:
+            e, q = rates[choice.proposer]
+            ctrl.expecting = (choice.proposer, float(e[i]), float(q[i]))
+    start_shadows(decoding, choices, lookups, NGRAM)
