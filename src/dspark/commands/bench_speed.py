@@ -169,7 +169,9 @@ def add_bench_matrix_args(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=1,
         help="run plain decoding and every method in turn this many times per cell and sum their "
-        "seconds (a drifting machine load then weighs on baseline and methods alike)",
+        "seconds (a drifting machine load then weighs on baseline and methods alike); each repeat "
+        "ends with plain decoding again, whose disagreement with the first is printed as the "
+        "cell's noise (A/A)",
     )
     p.add_argument("--json", action="store_true", help="print the cells and the goal check as JSON")
 
@@ -198,7 +200,7 @@ def main_bench_matrix(args: argparse.Namespace) -> int:
             f"{cell.prompt_set[-20:]:<20} {cell.drafter:<8} c={cell.concurrency:<3} {cell.method:<8} "
             f"{cell.speedup:6.3f}x (wall {cell.wall_speedup:.3f}x)  τ {cell.tau:.2f}  "
             f"drafted {cell.drafted_share:.0%}  "
-            f"identical {cell.identical}",
+            f"identical {cell.identical}  plain A/A {cell.noise:.1%}",
             file=sys.stderr,
             flush=True,
         )
@@ -231,9 +233,14 @@ def main_bench_matrix(args: argparse.Namespace) -> int:
                 best = max(by[(name, drafter, c, m)].speedup for m in static) if static else float("nan")
                 row += f"{by[(name, drafter, c, PAYOFF)].speedup:>9.2f} ({best:.2f})"
             print(f"{name[-21:]:<22}{drafter:<9}{row}")
+        first = next(iter(drafters))
+        for name in ids:  # the A/A test: plain decoding against itself, per prompt set and concurrency
+            row = "".join(f"{by[(name, first, c, PAYOFF)].noise:>15.1%} " for c in concurrencies)
+            print(f"{name[-21:]:<22}{'plain A/A':<9}{row}")
         print(
             f"payoff cells: {check['cells']}, min {check['min_speedup']:.3f}x plain; "
-            f"below 0.97x: {len(check['below_floor'])}; below 95% of the best static where it pays: "
+            f"below 0.97x: {len(check['below_floor'])} (by more than plain's A/A spread: "
+            f"{len(check['below_floor_beyond_noise'])}); below 95% of the best static where it pays: "
             f"{len(check['below_95pct_of_best_static'])}; greedy identical everywhere: "
             f"{check['all_identical']}"
         )

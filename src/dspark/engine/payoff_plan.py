@@ -8,11 +8,11 @@ agree choice for choice:
 - :func:`plan_batch` prices every request with every proposer at once with the numpy
   formulas of ``scheduler/payoff_batch.py`` and sends through ``decide`` only the requests
   that may draft or probe; it also lets a batch that decodes plainly reuse its plan
-  (``QUIET_REPLAN``). At 16 or 64 requests that is what keeps pricing cheap.
+  (``QUIET_REPLAN``). Above ``SMALL_BATCH`` requests that is the cheaper way.
 - :func:`plan_each` prices request by request with the scalar formulas of
-  ``scheduler/payoff.py``. With a few requests the batch formulas' numpy calls cost more
-  than the arithmetic they vectorise: 0.8 ms of a 23 ms step at 4 requests on the tiny
-  target (``scripts/bench_floor.py``), a floor of 3.5 % under plain decoding.
+  ``scheduler/payoff.py``. Up to ``SMALL_BATCH`` requests the batch formulas' numpy calls
+  cost more than the arithmetic they vectorise: 0.8 ms of a 23 ms step at 4 requests on
+  the tiny target (``scripts/bench_floor.py``), a floor of 3.5 % under plain decoding.
 
 Both end in :func:`settle`: a blocked model call that a probe pays anyway is joined,
 model rounds verify two drafts at least, each real round records what it expects
@@ -60,8 +60,11 @@ POOL_MEMORY = 0.99  # per pooled observation
 # pricing the batch is most of what a drafter attached costs a batch that decodes plainly
 # (gsm8k, 16 requests, tiny target: 0.8 ms of a 35 ms step).
 QUIET_REPLAN = 4
-# Batches up to this many requests are priced request by request (:func:`plan_each`).
-SMALL_BATCH = 8
+# Batches up to this many requests are priced request by request (:func:`plan_each`). Thread
+# CPU ms per plan, DSpark on the tiny target, humaneval, per request / batch: 0.21 / 0.75 at
+# 1 request, 0.28 / 0.80 at 4, 0.55 / 0.93 at 16, 0.95 / 1.07 at 32, 1.31 / 1.07 at 64
+# (``python scripts/plan_cost.py dspark $B/humaneval.jsonl 1,4,16,32,64``).
+SMALL_BATCH = 32
 
 _EMPTY = AcceptanceRecord()  # rates of a request without evidence (never mutated)
 Gains = dict[str, tuple[Sequence[float], Sequence[int]]]  # proposer -> (G [R], ℓ [R])

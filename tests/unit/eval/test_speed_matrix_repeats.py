@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from dspark.eval.speed_matrix import _Run
@@ -22,3 +24,34 @@ def test_repeats_sum_seconds_and_tokens_so_the_ratio_is_over_all_of_them():
 
 def test_repeats_that_disagree_have_no_outputs_to_call_identical():
     assert (run(1.0, 10, [[1, 2]]) + run(1.0, 10, [[1, 3]])).outputs is None
+
+
+def test_each_repeat_ends_with_plain_decoding_again_as_an_a_a_control(monkeypatch):
+    """The baseline is plain decoding at both ends of each repeat; how far the second run's speed
+    is from the first's is every cell's ``noise``, and a cell below the floor by more than that
+    is reported apart."""
+    from dspark.eval import speed_matrix as sm
+    from dspark.eval.speed_matrix import Cell, goals, speed_matrix
+
+    order = []
+    speeds = iter([100.0, 150.0, 120.0])  # plain, payoff, control: tokens per CPU-second
+
+    def decode(engine, prompts, max_tokens):
+        order.append("plain" if engine.drafter is None else "payoff")
+        return run(10 / next(speeds), 10, [[1, 2]])
+
+    monkeypatch.setattr(sm, "_decode", decode)
+    monkeypatch.setattr(sm, "Engine", lambda target, drafter, config: type("E", (), {"drafter": drafter}))
+    target = SimpleNamespace(max_context=512)
+    (cell,) = speed_matrix(target, {"set": [[1, 2, 3]]}, {"d": object()}, [1], static=())
+    assert order == ["plain", "payoff", "plain"]
+    assert cell.noise == pytest.approx(0.2)  # 120 against 100
+    assert cell.speedup == pytest.approx(150 / (20 / (10 / 100 + 10 / 120)))  # over both plain runs
+    assert cell.identical
+
+    def cell_at(drafter, speedup, noise):
+        return Cell("s", drafter, 1, "payoff", 1.0, speedup, speedup, 1.0, 0.0, True, noise=noise)
+
+    check = goals([cell_at("a", 0.90, 0.10), cell_at("b", 0.90, 0.02), cell_at("c", 0.99, 0.0)])
+    assert len(check["below_floor"]) == 2 and len(check["below_floor_beyond_noise"]) == 1
+    assert check["max_noise"] == pytest.approx(0.10)
