@@ -97,12 +97,15 @@ for payoff in (True, False):
                 for k, v in realism.items()
             },
         )
-    if payoff and rounds_log:
-        G = np.concatenate([g["model"] for g, _ in rounds_log if "model" in g])
+    for proposer in ("model", "ngram") if payoff and rounds_log else ():
+        if not any(proposer in g for g, _ in rounds_log):
+            continue
+        G = np.concatenate([g[proposer] for g, _ in rounds_log if proposer in g])
         G = G[np.isfinite(G)]
         print(
-            f"  priced model gain per request-round: mean {G.mean():.3f} tokens, > 0 in {np.mean(G > 0):.0%}; deciles 1/5/9 {np.round(np.quantile(G, [0.1, 0.5, 0.9]), 3).tolist()}"
+            f"  priced {proposer} gain per request-round: mean {G.mean():.3f} tokens, > 0 in {np.mean(G > 0):.0%}; deciles 1/5/9 {np.round(np.quantile(G, [0.1, 0.5, 0.9]), 3).tolist()}"
         )
+    if payoff and rounds_log:
         print(f"  the model's shared call blocked in {np.mean([b for _, b in rounds_log]):.0%} of rounds")
         for R, priced, call_s, pooled in costs_log[:: max(len(costs_log) // 4, 1)]:
             print(
