@@ -61,10 +61,11 @@ POOL_MEMORY = 0.99  # per pooled observation
 # (gsm8k, 16 requests, tiny target: 0.8 ms of a 35 ms step).
 QUIET_REPLAN = 4
 # Batches up to this many requests are priced request by request (:func:`plan_each`). Thread
-# CPU ms per plan, DSpark on the tiny target, humaneval, per request / batch: 0.21 / 0.75 at
-# 1 request, 0.28 / 0.80 at 4, 0.55 / 0.93 at 16, 0.95 / 1.07 at 32, 1.31 / 1.07 at 64
+# CPU ms per plan, DSpark on the tiny target, humaneval, per request / batch, two runs:
+# 0.21 / 0.75 and 0.22 / 0.77 at 1 request, 0.28 / 0.80 and 0.30 / 0.87 at 4, 0.55 / 0.93 and
+# 0.63 / 0.92 at 16, 0.95 / 1.07 and 2.49 / 1.26 at 32, 1.31 / 1.07 and 1.91 / 1.50 at 64
 # (``python scripts/plan_cost.py dspark $B/humaneval.jsonl 1,4,16,32,64``).
-SMALL_BATCH = 32
+SMALL_BATCH = 16
 
 _EMPTY = AcceptanceRecord()  # rates of a request without evidence (never mutated)
 Gains = dict[str, tuple[Sequence[float], Sequence[int]]]  # proposer -> (G [R], ℓ [R])
