@@ -10,7 +10,10 @@ probe costed 0, the controller before issue 17's probe pricing); ``values``:
 ``PayoffConfig.value_probes`` on (``valued``: a probe worth its cost is due with the probe
 clock) against the controller as shipped, with it off (``priced``); ``realism``: the
 controller as shipped (``realism``: first-draft rates scaled by the realised/expected
-ratio of chosen rounds) against the same without that scaling (``naive``).
+ratio of chosen rounds) against the same without that scaling (``naive``); ``explore``: the
+controller as shipped (``explore``: pooled rates priced at their upper confidence bound,
+aged while nobody observes them) against the pooled means, never aged (``greedy``), with
+``fixed`` drafting beside them.
 
     python scripts/bench_floor.py DRAFTER PROMPTS.jsonl[,...] 16,64 [REPEATS] [MODE]
 
@@ -103,6 +106,7 @@ VARIANTS = {
     "probes": ("plain", "clock", "priced"),
     "values": ("plain", "priced", "valued"),
     "realism": ("plain", "naive", "realism"),
+    "explore": ("plain", "fixed", "greedy", "explore"),
 }.get(MODE, ("plain", "never"))
 params = SamplingParams(temperature=0.0, max_tokens=64)
 for (name, prompts), c in itertools.product(sets.items(), conc):
@@ -120,12 +124,14 @@ for (name, prompts), c in itertools.product(sets.items(), conc):
                 policy="fixed",
                 max_batch=c,
                 max_seq_len=seq,
-                payoff=variant != "plain",
+                payoff=variant not in ("plain", "fixed"),
                 draft_costs=costs,
             )
             eng = Engine(target, drafter if variant != "plain" else None, cfg)
             if variant == "valued":
                 eng.payoff.config = dataclasses.replace(eng.payoff.config, value_probes=True)
+            if variant == "greedy":
+                eng.payoff.config = dataclasses.replace(eng.payoff.config, explore=0.0, pool_aging=1.0)
             if variant == "naive":
                 eng.payoff.config = dataclasses.replace(eng.payoff.config, realism_strength=0.0)
             NEVER[0] = variant == "never" and MODE == "override"
@@ -141,7 +147,7 @@ for (name, prompts), c in itertools.product(sets.items(), conc):
             d = tot.setdefault(variant, {})
             for k, v in acc.items():
                 d[k] = d.get(k, 0.0) + v
-    if MODE in ("probes", "values", "realism"):
+    if MODE in ("probes", "values", "realism", "explore"):
         p = tot["plain"]
         for v in VARIANTS[1:]:
             n = tot[v]

@@ -8,15 +8,20 @@ beyond the 1e-5 tolerances the tests use.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 # No test may touch the network (SPEC §11: everything runs offline). Set before any
 # transformers / huggingface_hub import reads it.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
-# SPS profiles of the tests' throwaway targets stay out of the user's cache (one folder per run).
-os.environ.setdefault("DSPARK_SPS_DIR", tempfile.mkdtemp(prefix="dspark-sps-"))
+# SPS profiles of the tests' throwaway targets stay out of the user's cache (one folder per run,
+# removed when the run ends).
+if "DSPARK_SPS_DIR" not in os.environ:
+    os.environ["DSPARK_SPS_DIR"] = tempfile.mkdtemp(prefix="dspark-sps-")
+    atexit.register(shutil.rmtree, os.environ["DSPARK_SPS_DIR"], ignore_errors=True)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

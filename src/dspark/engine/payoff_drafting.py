@@ -46,6 +46,7 @@ from dspark.scheduler.payoff import (
     expected_accepted,
     shadow_outcome,
     start_shadows,
+    upper_rates,
 )
 from dspark.scheduler.step_times import DecayedLine, DraftCosts, StepTimes, fit_line
 
@@ -128,6 +129,7 @@ class PayoffDrafting:
         # own rates shrink to (a new request starts from what the others saw, not from 0.5).
         self.pooled: dict[str, AcceptanceRecord] = {}
         self.realism: dict[str, Realism] = {}  # per proposer, over the rounds chosen to draft
+        self._observed: set[str] = set()  # proposers whose outcomes came in since the last plan
         # (request ids, K, rounds left) while the last plan holds (``QUIET_REPLAN``)
         self._quiet: tuple[tuple[int, ...], int, int] | None = None
         self.planned = self.reused = 0  # rounds priced in full / by the last quiet plan
@@ -214,6 +216,7 @@ class PayoffDrafting:
     def plan(self, decoding: list, K: int) -> tuple[list[Choice], dict[int, list[int]]]:
         """Every decoding request's choice this round, and the n-gram lookups (request id -> tokens):
         :meth:`PayoffController.decide`'s decisions request by request (``engine/payoff_plan.py``)."""
+        self.age_pool()
         quiet, self._quiet = self._quiet, None
         if quiet is not None and quiet[:2] == (tuple(r.id for r in decoding), K):
             return self._quiet_round(decoding, K, quiet[2])
@@ -222,10 +225,29 @@ class PayoffDrafting:
             return plan_each(self, decoding, K)
         return plan_batch(self, decoding, K)
 
+    def age_pool(self) -> None:
+        """A new round: discount the pooled evidence of each proposer whose outcomes did not
+        come in since the last (``PayoffConfig.pool_aging``; a quiet plan reused for a few
+        rounds prices with the priors it was made with)."""
+        for name, record in self.pooled.items():
+            if name not in self._observed:
+                record.age(self.config.pool_aging)
+        self._observed.clear()
+
     @property
     def proposers(self) -> list[str]:
         """The proposers a request may choose from (besides plain decoding)."""
         return [name for name, p in ((NGRAM, self.ngram), (MODEL, self.model)) if p is not None]
+
+    def priors(self) -> dict[str, tuple[float, float]]:
+        """The pooled ``(e, q)`` per proposer that each request's own rates shrink to."""
+        return {name: record.rates(self.config) for name, record in self.pooled.items()}
+
+    def bound(self, proposer: str) -> tuple[float, float] | None:
+        """The pooled rates' upper confidence bound (:func:`~dspark.scheduler.payoff.upper_rates`),
+        what a shared call is checked against (:func:`~dspark.engine.payoff_plan.call_blocked`)."""
+        pool = self.pooled.get(proposer)
+        return upper_rates(pool, self.config) if pool is not None else None
 
     def scales(self) -> dict[str, float]:
         """:meth:`Realism.factor` per proposer: the first-draft rates are priced times this."""
@@ -356,6 +378,7 @@ class PayoffDrafting:
             self.realism.setdefault(proposer, Realism()).observe(E, accepted, self.config.realism_memory)
         req.payoff.observe(proposer, verified, accepted)
         self.pooled.setdefault(proposer, AcceptanceRecord()).observe(verified, accepted, POOL_MEMORY)
+        self._observed.add(proposer)
 
     def after_commit(self, req) -> None:
         """Resolve the request's pending n-gram shadow proposal against the tokens it emitted."""

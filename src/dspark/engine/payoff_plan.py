@@ -78,7 +78,7 @@ def plan_each(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Choi
     assert not payoff.config.value_probes, "plan_each does not price a probe's value"
     R, config = len(decoding), payoff.config
     costs = payoff.costs(R)
-    priors = {name: record.rates(config) for name, record in payoff.pooled.items()}
+    priors = payoff.priors()
     scales = payoff.scales()
     ctrls = [r.payoff for r in decoding]
     budget = [min(K, max(r.draft_budget, 0)) for r in decoding]
@@ -114,7 +114,16 @@ def plan_each(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Choi
     call_s = payoff.model_call_s(R) if tried else 0.0
     blocked: tuple[str, ...] = ()
     if call_s > 0 and payoff.model is not None:  # the model's call is shared: does the batch repay it?
-        top = [g[MODEL][0] for g in own if MODEL in g and g[MODEL][0] >= max(v[0] for v in g.values())]
+        bound, scale, top = payoff.bound(MODEL), scales.get(MODEL, 1.0), []
+        for i, g in enumerate(own):
+            if MODEL in g:
+                e, q = (ctrls[i].records.get(MODEL) or _EMPTY).rates(config, bound)
+                b = best_length(
+                    min(1.0, e * scale), q, caps[MODEL][i], draft_s=model_s[i], costs=costs,
+                    margin=config.margin,
+                )[0]  # fmt: skip
+                if max(b, g[MODEL][0]) >= max(v[0] for v in g.values()):
+                    top.append(max(b, g[MODEL][0]))
         blocked = () if shared_call_pays(top, call_s, costs.tokens_per_s) else (MODEL,)
     choices, model_tries = [], False
     for i, ctrl in enumerate(ctrls):
@@ -153,7 +162,7 @@ def plan_batch(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Cho
     # requests in their first round, where a drafter trained on response anchors is not asked
     first = [] if payoff.model_after_prompt else [not r.generated for r in decoding]
     costs = payoff.costs(R)
-    priors = {name: record.rates(config) for name, record in payoff.pooled.items()}
+    priors = payoff.priors()
     scales = payoff.scales()
     ctrls = [r.payoff for r in decoding]
     budget = np.array([min(K, max(r.draft_budget, 0)) for r in decoding], dtype=np.int64)  # [R]
@@ -216,7 +225,16 @@ def plan_batch(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Cho
     blocked: tuple[str, ...] = ()
     if call_s > 0 and MODEL in gains:  # the model's call is shared: does the batch repay it?
         g = {name: g for name, (g, _) in gains.items()}
-        blocked = () if shared_call_repaid(g, MODEL, call_s, costs.tokens_per_s) else (MODEL,)
+        e, q = batch_rates([c.records.get(MODEL) for c in ctrls], config, payoff.bound(MODEL))
+        net = batch_net(np.minimum(e * scales.get(MODEL, 1.0), 1.0), q, costs, config.margin)
+        bound = best_of(net, caps[MODEL], model_s, costs.tokens_per_s)[0]  # [R]
+        blocked = (
+            ()
+            if shared_call_repaid(
+                {**g, MODEL: np.maximum(bound, g[MODEL])}, MODEL, call_s, costs.tokens_per_s
+            )
+            else (MODEL,)
+        )
     margin = quiet_margin(
         {name: g for name, (g, _) in gains.items()},
         probeable=[n for n in gains if n != NGRAM],

@@ -18,7 +18,9 @@ per second plain decoding makes at this batch: the right-hand side is what the s
 would have produced without speculation. It drafts iff the best ``G > 0``, verifying the
 best ℓ. A drafter call also costs seconds per call that the requests drafting with it
 share; the batch drafts with that proposer only if their gains together repay them
-(:func:`shared_call_pays`).
+(:func:`shared_call_pays`), judged optimistically (on the pooled rates' upper confidence
+bound, :func:`upper_rates`, while the evidence is thin or has aged), so that a verdict
+drawn from a few unlucky rounds is tried again instead of standing for good.
 
 When nothing pays, the request decodes plainly and *probes* every ``interval`` rounds
 (a short verification with the most promising proposer; also while only the free n-gram
@@ -47,6 +49,7 @@ non-anticipating rule of ``scheduler/policies.py``).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -79,11 +82,22 @@ class PayoffConfig:
     # with this many expected tokens of pseudo-evidence at ratio 1 (0: no scaling).
     realism_strength: float = 8.0
     realism_memory: float = 0.99  # per chosen round
+    # Whether the requests' gains repay a shared drafter call is judged on the pooled rates'
+    # upper confidence bound, this many standard errors up (:func:`upper_rates`; 0: the
+    # means). Two unlucky early rounds (DFlash, gsm8k, 4 requests: 1.25 and 0 accepted against
+    # 3-3.5 later) otherwise blocked the call for the rest of the answers although each
+    # request's own gain was positive: nobody drafted, so nothing corrected the estimate.
+    explore: float = 1.0
+    # ... and while no request's outcome with a proposer comes in, its pooled evidence is
+    # discounted by this factor a round (1: never): the bound widens again, so a blocked call
+    # is retried in time (discounted UCB, for a bandit whose arms drift)
+    pool_aging: float = 0.95
 
     def __post_init__(self) -> None:
         ok = 0 <= self.prior_first <= 1 and 0 <= self.prior_later <= 1 and 0 <= self.memory < 1
         ok = ok and self.prior_strength >= 0 and self.pool_strength >= 0 and self.probe_budget > 0
-        ok = ok and self.realism_strength >= 0 and 0 <= self.realism_memory < 1
+        ok = ok and self.realism_strength >= 0 and 0 <= self.realism_memory < 1 and self.explore >= 0
+        ok = ok and 0 < self.pool_aging <= 1
         if not (ok and self.probe_every >= 1 and self.probe_max >= self.probe_every and self.margin > 0):
             raise ValueError(f"bad payoff config {self}")
 
@@ -121,6 +135,13 @@ class AcceptanceRecord:
             w = memory**later_tested
             self.later_tested = w * self.later_tested + later_tested
             self.later_accepted = w * self.later_accepted + later_accepted
+
+    def age(self, factor: float) -> None:
+        """Discount the evidence (the rates stay; their confidence shrinks)."""
+        self.first_tested *= factor
+        self.first_accepted *= factor
+        self.later_tested *= factor
+        self.later_accepted *= factor
 
     def after_probe(self, accepted: bool, memory: float) -> AcceptanceRecord:
         """This record once a probe's first draft is verified: accepted, or not."""
@@ -162,6 +183,34 @@ class Realism:
         if strength <= 0:
             return 1.0
         return (self.accepted + strength) / (self.expected + strength)
+
+
+def upper_rates(pool: AcceptanceRecord, config: PayoffConfig) -> tuple[float, float]:
+    """The pooled ``(e, q)`` priced optimistically: the upper end of each rate's Wilson score
+    interval at ``z = config.explore``, with the decayed trials (plus the fading pseudo-rounds
+    of the config's guess) as the sample size,
+
+        u(p, n) = (p + z²/2n + z·sqrt(p(1 − p)/n + z²/4n²)) / (1 + z²/n)
+
+    Optimism in the face of uncertainty, where a wrong "no" is never revisited: the pool's
+    evidence grows only while somebody drafts with the proposer, so a shared call blocked on a
+    pessimistic estimate from few rounds would stay blocked, where an optimistic verdict is
+    tried and corrected (``u → p`` as ``n`` grows: ``POOL_MEMORY`` keeps ~100 rounds, ``z = 1``
+    then adds ≤ 0.05). Only that verdict is optimistic: each request still drafts on its own
+    estimate's mean, and pays its own seconds. History only, so lossless."""
+    e, q = pool.rates(config)
+    z = config.explore
+    if z <= 0:
+        return e, q
+    s = config.prior_strength * config.memory**pool.rounds  # as in AcceptanceRecord.rates
+
+    def upper(p: float, n: float) -> float:
+        if n <= 0:
+            return 1.0
+        zz = z * z / n
+        return min(1.0, (p + zz / 2 + z * math.sqrt(p * (1 - p) / n + zz / (4 * n))) / (1 + zz))
+
+    return upper(e, pool.first_tested + s), upper(q, pool.later_tested + s)
 
 
 def expected_accepted(e: float, q: float, length: int) -> float:

@@ -19,6 +19,7 @@ from dspark.protocols import SamplingParams, SequenceState
 from dspark.scheduler import FirstAcceptPredictor
 from dspark.scheduler.payoff import (
     PLAIN,
+    AcceptanceRecord,
     Choice,
     PayoffConfig,
     PayoffController,
@@ -27,6 +28,7 @@ from dspark.scheduler.payoff import (
     probe_cost,
     probe_value,
     shared_call_pays,
+    upper_rates,
 )
 from dspark.scheduler.payoff_batch import join_probe_call
 
@@ -37,6 +39,7 @@ from .test_engine_drafters import build
 
 def reference_plan(payoff: PayoffDrafting, decoding: list[Request], K: int):
     """The decisions defined request by request: each request's own gains and ``decide``."""
+    payoff.age_pool()  # a new round (tested on its own in test_payoff_engine)
     costs = payoff.costs(len(decoding))
     priors = {name: record.rates(payoff.config) for name, record in payoff.pooled.items()}
     scales = payoff.scales()
@@ -68,9 +71,10 @@ def reference_plan(payoff: PayoffDrafting, decoding: list[Request], K: int):
     tried = MODEL in payoff.pooled
     call_s = payoff.model_call_s(len(decoding)) if tried else 0.0
     blocked = ()
-    if call_s > 0:
+    if call_s > 0:  # judged on the model's pooled upper bound
+        bounds = {**priors, MODEL: upper_rates(payoff.pooled[MODEL], payoff.config)}
         every_gains = [
-            r.payoff.gains(c, o, priors, scales) for r, c, o in zip(decoding, every_caps, every_costs)
+            r.payoff.gains(c, o, bounds, scales) for r, c, o in zip(decoding, every_caps, every_costs)
         ]
         model = [
             g[MODEL][0] for g in every_gains if MODEL in g and g[MODEL][0] >= max(v[0] for v in g.values())
@@ -339,3 +343,61 @@ def test_rounds_chosen_to_draft_teach_realism_and_probes_do_not(target, sps):
     assert realism.accepted == pytest.approx(1.0 * payoff.config.realism_memory**0)  # unchanged
     # the realised ratio then scales the next plan's first-draft rates
     assert payoff.scales()[choice.proposer] == pytest.approx((1.0 + 8.0) / (realism.expected + 8.0))
+
+
+def test_a_shared_call_is_judged_on_the_pooled_bound_which_ages_while_nobody_drafts(sps):
+    """Exploration (``PayoffConfig.explore``, ``pool_aging``): two requests without evidence of
+    their own each gain by drafting at the pooled means, but less than the model's shared call
+    costs. On six pooled rounds its upper confidence bound repays the call and both draft
+    (each on its mean); on 100 (``POOL_MEMORY``'s span) the bound does not, until rounds in
+    which nobody observed the model have widened it again (never without aging, nor while
+    outcomes keep coming in)."""
+    rng = random.Random(5)
+
+    def payoff_and_requests(n: float, *, explore: float = 1.0, aging: float = 0.95, bounded_n: float = 0.0):
+        config = PayoffConfig(explore=explore, pool_aging=aging, probe_every=64, probe_max=64)
+        payoff = PayoffDrafting(
+            NoisyOracleDrafter({}, VOCAB), VOCAB, 7, sps, choose_proposer=False, config=config,
+            draft_costs={MODEL: 0.0},
+        )  # fmt: skip
+        payoff.clock = lambda: 0.0
+        pool = payoff.pooled[MODEL] = AcceptanceRecord(n, 0.5 * n, n, 0.5 * n, rounds=1000)  # e = q = 0.5
+        costs = payoff.costs(2)
+        mean = best_length(0.5, 0.5, 7, draft_s=0.0, costs=costs)[0]
+        assert mean > 0
+        # the call costs what two requests gain at the bound on ``bounded_n`` rounds, and 0.02 tokens more
+        # (default: halfway between what they gain at the means and at the bound, z = 1, on n rounds)
+        if bounded_n:
+            bound = upper_rates(
+                AcceptanceRecord(bounded_n, 0.5 * bounded_n, bounded_n, 0.5 * bounded_n, rounds=1000), config
+            )
+            call = 2 * best_length(*bound, 7, draft_s=0.0, costs=costs)[0] + 0.02
+        else:
+            call = mean + best_length(*upper_rates(pool, PayoffConfig()), 7, draft_s=0.0, costs=costs)[0]
+        payoff.model_call_s = lambda R: call / costs.tokens_per_s
+        reqs = requests(rng, 2, config)
+        for req in reqs:
+            req.payoff, req.shadow = PayoffController(config=config), None
+            req.max_new = len(req.generated) + 64
+        return payoff, reqs
+
+    for explore, n, want in ((0.0, 6.0, None), (1.0, 6.0, MODEL)):
+        payoff, reqs = payoff_and_requests(n, explore=explore)
+        choices, _ = payoff.plan(reqs, 7)
+        assert [c.proposer for c in choices] == [want, want], (explore, n)
+    assert reqs[0].payoff.expecting == (MODEL, pytest.approx(0.5), pytest.approx(0.5))  # the means
+
+    def first_model_round(aging: float, observe: bool = False) -> int | None:
+        payoff, reqs = payoff_and_requests(100.0, aging=aging, bounded_n=100.0)
+        for i in range(60):
+            if observe:  # someone drafted with it: e = q = 0.5 still
+                payoff._observe(SimpleNamespace(payoff=PayoffController()), MODEL, 3, 2 * (i % 2))
+            choices, _ = payoff.plan(reqs, 7)
+            if any(c.proposer == MODEL for c in choices):
+                return i
+        return None
+
+    aged = first_model_round(0.95)
+    assert aged is not None and aged > 0
+    assert first_model_round(1.0) is None
+    assert first_model_round(0.95, observe=True) is None

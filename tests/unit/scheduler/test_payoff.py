@@ -16,6 +16,7 @@ from dspark.scheduler.payoff import (
     probe_value,
     shadow_outcome,
     shared_call_pays,
+    upper_rates,
 )
 
 # A batch-1 machine in units of one decode step (10 ms): each verified token adds 5 % of a
@@ -185,6 +186,38 @@ def test_shadow_outcome():
 def test_bad_config_is_refused():
     with pytest.raises(ValueError):
         PayoffConfig(probe_every=8, probe_max=4)
+    for bad in ({"explore": -1.0}, {"pool_aging": 0.0}, {"pool_aging": 1.5}):
+        with pytest.raises(ValueError):
+            PayoffConfig(**bad)
+
+
+def test_the_pooled_rates_upper_bound_is_wilsons_and_narrows_with_evidence():
+    """``upper_rates``: the Wilson score bound at z = ``explore`` over the decayed trials; at
+    or above the mean, falling towards it as evidence grows; the mean itself at z = 0."""
+    config = PayoffConfig()
+    pool = AcceptanceRecord(8.0, 4.0, 4.0, 3.0, rounds=1000)  # e = 0.5 on 8, q = 0.75 on 4
+    e, q = upper_rates(pool, config)
+    # hand-computed: (p + 1/2n + sqrt(p(1-p)/n + 1/4n²)) / (1 + 1/n)
+    assert e == pytest.approx((0.5 + 1 / 16 + (0.25 / 8 + 1 / 256) ** 0.5) / (9 / 8))
+    assert q == pytest.approx((0.75 + 1 / 8 + (0.1875 / 4 + 1 / 64) ** 0.5) / (5 / 4))
+    assert upper_rates(pool, PayoffConfig(explore=0.0)) == pytest.approx(pool.rates(config))
+    bounds = [
+        upper_rates(AcceptanceRecord(n, 0.3 * n, n, 0.6 * n, rounds=100), config) for n in (2, 10, 100, 1e4)
+    ]
+    for (e1, q1), (e2, q2) in zip(bounds, bounds[1:]):
+        assert e1 > e2 > 0.3 and q1 > q2 > 0.6
+    assert bounds[-1] == pytest.approx((0.3, 0.6), abs=0.01)
+    assert upper_rates(AcceptanceRecord(rounds=1000), config) == pytest.approx((1.0, 1.0))  # nothing known
+
+
+def test_aging_keeps_the_rates_and_widens_their_bound():
+    pool = AcceptanceRecord(50.0, 20.0, 20.0, 10.0, rounds=1000)
+    before_rates, before_bound = pool.rates(PayoffConfig()), upper_rates(pool, PayoffConfig())
+    pool.age(0.5)
+    assert (pool.first_tested, pool.first_accepted, pool.later_tested, pool.later_accepted) == (25, 10, 10, 5)
+    assert pool.rates(PayoffConfig()) == pytest.approx(before_rates)
+    after = upper_rates(pool, PayoffConfig())
+    assert after[0] > before_bound[0] and after[1] > before_bound[1]
 
 
 def test_a_concave_cost_curve_buys_longer_blocks():
