@@ -245,7 +245,7 @@ class PayoffDrafting:
 
     def bound(self, proposer: str) -> tuple[float, float] | None:
         """The pooled rates' upper confidence bound (:func:`~dspark.scheduler.payoff.upper_rates`),
-        what a shared call is checked against (:func:`~dspark.engine.payoff_plan.call_blocked`)."""
+        what a shared call's cost is checked against (``shared_call_pays`` in ``engine/payoff_plan.py``)."""
         pool = self.pooled.get(proposer)
         return upper_rates(pool, self.config) if pool is not None else None
 

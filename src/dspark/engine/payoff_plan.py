@@ -87,8 +87,8 @@ def plan_each(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Choi
         for name in payoff.proposers
     }
 
-    def best(name: str, i: int, cap: int, draft_s: float) -> tuple[float, int]:
-        e, q = rates[name][i]
+    def best(name: str, i: int, cap: int, draft_s: float, rate=None) -> tuple[float, int]:
+        e, q = rate or rates[name][i]  # (e, q) unscaled: the request's own, by default
         e = min(1.0, e * scales.get(name, 1.0))
         return best_length(e, q, cap, draft_s=draft_s, costs=costs, margin=config.margin)
 
@@ -114,16 +114,13 @@ def plan_each(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Choi
     call_s = payoff.model_call_s(R) if tried else 0.0
     blocked: tuple[str, ...] = ()
     if call_s > 0 and payoff.model is not None:  # the model's call is shared: does the batch repay it?
-        bound, scale, top = payoff.bound(MODEL), scales.get(MODEL, 1.0), []
+        bound, top = payoff.bound(MODEL), []  # judged on the pool's upper bound (upper_rates)
         for i, g in enumerate(own):
             if MODEL in g:
-                e, q = (ctrls[i].records.get(MODEL) or _EMPTY).rates(config, bound)
-                b = best_length(
-                    min(1.0, e * scale), q, caps[MODEL][i], draft_s=model_s[i], costs=costs,
-                    margin=config.margin,
-                )[0]  # fmt: skip
-                if max(b, g[MODEL][0]) >= max(v[0] for v in g.values()):
-                    top.append(max(b, g[MODEL][0]))
+                rate = (ctrls[i].records.get(MODEL) or _EMPTY).rates(config, bound)
+                b = best(MODEL, i, caps[MODEL][i], model_s[i], rate)[0]
+                if b >= max((v[0] for name, v in g.items() if name != MODEL), default=-math.inf):
+                    top.append(b)
         blocked = () if shared_call_pays(top, call_s, costs.tokens_per_s) else (MODEL,)
     choices, model_tries = [], False
     for i, ctrl in enumerate(ctrls):
@@ -170,10 +167,13 @@ def plan_batch(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Cho
     nets: dict[str, np.ndarray] = {}  # proposer -> net gains [R, K] (``batch_net``)
     rates: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # proposer -> (e [R], q [R]) unscaled
 
+    def net_of(name: str, prior) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
+        e, q = batch_rates([c.records.get(name) for c in ctrls], config, prior)
+        return (e, q), batch_net(np.minimum(e * scales.get(name, 1.0), 1.0), q, costs, config.margin)
+
     def gains_of(name: str, caps: np.ndarray, draft_s) -> tuple[np.ndarray, np.ndarray]:
         if name not in nets:
-            e, q = rates[name] = batch_rates([c.records.get(name) for c in ctrls], config, priors.get(name))
-            nets[name] = batch_net(np.minimum(e * scales.get(name, 1.0), 1.0), q, costs, config.margin)
+            rates[name], nets[name] = net_of(name, priors.get(name))
         return best_of(nets[name], caps, draft_s, costs.tokens_per_s)
 
     lookups: dict[int, list[int]] = {}
@@ -225,16 +225,9 @@ def plan_batch(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Cho
     blocked: tuple[str, ...] = ()
     if call_s > 0 and MODEL in gains:  # the model's call is shared: does the batch repay it?
         g = {name: g for name, (g, _) in gains.items()}
-        e, q = batch_rates([c.records.get(MODEL) for c in ctrls], config, payoff.bound(MODEL))
-        net = batch_net(np.minimum(e * scales.get(MODEL, 1.0), 1.0), q, costs, config.margin)
-        bound = best_of(net, caps[MODEL], model_s, costs.tokens_per_s)[0]  # [R]
-        blocked = (
-            ()
-            if shared_call_repaid(
-                {**g, MODEL: np.maximum(bound, g[MODEL])}, MODEL, call_s, costs.tokens_per_s
-            )
-            else (MODEL,)
-        )
+        bound = net_of(MODEL, payoff.bound(MODEL))[1]  # judged on the pool's upper bound (upper_rates)
+        g[MODEL] = best_of(bound, caps[MODEL], model_s, costs.tokens_per_s)[0]
+        blocked = () if shared_call_repaid(g, MODEL, call_s, costs.tokens_per_s) else (MODEL,)
     margin = quiet_margin(
         {name: g for name, (g, _) in gains.items()},
         probeable=[n for n in gains if n != NGRAM],

@@ -39,7 +39,7 @@ from .test_engine_drafters import build
 
 def reference_plan(payoff: PayoffDrafting, decoding: list[Request], K: int):
     """The decisions defined request by request: each request's own gains and ``decide``."""
-    payoff.age_pool()  # a new round (tested on its own in test_payoff_engine)
+    payoff.age_pool()  # a new round (tested on its own below)
     costs = payoff.costs(len(decoding))
     priors = {name: record.rates(payoff.config) for name, record in payoff.pooled.items()}
     scales = payoff.scales()
