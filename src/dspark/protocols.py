@@ -46,14 +46,17 @@ class DraftBlock:
 
     ``tokens[r, :lengths[r]]`` are request r's drafts; the rest is padding (0).
     ``probs[r, k]`` is the full draft distribution the token at k was sampled from
-    (after the same temperature/top-k/top-p processing as the target, SPEC §3); a
-    deterministic drafter reports a one-hot row. ``confidences[r, k]`` is the predicted
-    conditional acceptance c_k (DSpark only).
+    (after the same temperature/top-k/top-p processing as the target, SPEC §3).
+    ``probs`` is None when every draft is one-hot at its token (a deterministic proposer
+    such as n-gram lookup, or a drafter whose requests are all greedy): verification and the
+    confidence estimator need only the tokens then, and ``R·K·V`` floats a round (25 MB at
+    16 requests on a 49k vocabulary) are never built. ``confidences[r, k]`` is the
+    predicted conditional acceptance c_k (DSpark only).
     """
 
     tokens: torch.Tensor  # [R, K] long
     lengths: torch.Tensor  # [R] long, 0 <= lengths[r] <= K
-    probs: torch.Tensor | None  # [R, K, V] float, rows sum to 1; None when K == 0
+    probs: torch.Tensor | None  # [R, K, V] float, rows sum to 1; None: one-hot at tokens
     confidences: torch.Tensor | None = None  # [R, K]
 
     def __post_init__(self) -> None:
@@ -67,6 +70,12 @@ class DraftBlock:
     @property
     def max_len(self) -> int:
         return self.tokens.shape[1]
+
+    def peaks(self) -> torch.Tensor:
+        """``max_v p_d^k(v)`` ``[R, K]`` fp32: the confidence estimator's feature (1 when one-hot)."""
+        if self.probs is None:
+            return torch.ones(self.tokens.shape, device=self.tokens.device)
+        return self.probs.amax(dim=-1).float()
 
     def invalid_rows(self) -> torch.Tensor:
         """``[R]`` bool: requests whose proposed positions are not distributions (NaN/inf, no

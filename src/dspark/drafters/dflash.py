@@ -38,19 +38,18 @@ from dspark.drafters.common import (
     scaled_embedding,
     slot_factors,
 )
-from dspark.drafters.draft_vocab import draft_to_target, register_draft_vocab
+from dspark.drafters.draft_vocab import register_draft_vocab
 from dspark.drafters.flex_blocks import with_flex_mask
 from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, dflash_objective
 from dspark.drafters.parts import hold
 from dspark.drafters.request_state import (
     assert_states,
     batch_context,
+    draw_drafts,
     padded_context_mask,
-    sample_tokens,
     sync_requests,
 )
 from dspark.protocols import DraftBlock, SamplingParams, SequenceState, SlotFactors, TrainBatch, TrainOutput
-from dspark.sampling.probs import batch_probs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -330,9 +329,7 @@ class DFlashDrafter(nn.Module):
         backbone = self.backbone
         generators = backbone.prepare(states, sampling)
         logits = backbone.logits(backbone.block_hidden_infer(states)[:, :K])  # [R, K, V]
-        probs = batch_probs(logits, sampling)  # [R, K, V]
-        tokens = sample_tokens(probs, sampling, generators)  # [R, K]
-        # p_d = 0 outside a reduced draft vocabulary (lossless: SPEC §3, drafters/draft_vocab.py)
-        tokens, probs = draft_to_target(tokens, probs, self.draft_ids, self.dims.vocab_size)  # [R, K, V]
+        # [R, K] target ids, [R, K, V] (None: all greedy)
+        tokens, probs = draw_drafts(logits, sampling, generators, self.draft_ids, self.dims.vocab_size)
         lengths = torch.full((len(states),), K, dtype=torch.long, device=tokens.device)
         return DraftBlock(tokens=tokens, lengths=lengths, probs=probs)

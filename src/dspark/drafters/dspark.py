@@ -23,12 +23,10 @@ from torch import Tensor, nn
 from dspark.drafters.blocks import batch_layout, pack_blocks
 from dspark.drafters.common import DecoderDims, build_from_target
 from dspark.drafters.dflash import DFlashBackbone, hold_backbone
-from dspark.drafters.draft_vocab import draft_to_target
 from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, dspark_objective
-from dspark.drafters.request_state import assert_states, sample_tokens
+from dspark.drafters.request_state import assert_states, draw_drafts
 from dspark.heads import MARKOV_HEAD_TYPES, ConfidenceHead, build_sequential_head, scale_confidence_logits
 from dspark.protocols import DraftBlock, SamplingParams, SequenceState, TrainBatch, TrainOutput
-from dspark.sampling.probs import batch_probs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,7 +166,7 @@ class DSparkDrafter(nn.Module):
         anchors = torch.tensor([s.token_ids[-1] for s in states], device=h.device)  # [R]: x_0
         if all(p.greedy for p in sampling):
             tokens, markov_embs = self._greedy_loop(h, base, anchors)  # target ids
-            probs = greedy_probs(base.new_empty(R, K, self.dims.vocab_size), tokens)
+            probs = None  # one-hot at the tokens (protocols.DraftBlock)
         else:
             tokens, markov_embs, probs = self._sampled_loop(h, base, anchors, sampling, generators)
         return DraftBlock(
@@ -209,10 +207,8 @@ class DSparkDrafter(nn.Module):
                 bias, emb, state = self.markov_head.step(prev, h[:, k], state)
                 logits_k = logits_k + bias.float()  # Eq. 4: U_k + B_k
                 embs.append(emb)
-            p_k = batch_probs(logits_k.unsqueeze(1), sampling).squeeze(1)  # [R, N]
-            prev = sample_tokens(p_k, sampling, generators)  # [R] draft ids
-            # to target ids (W_1 and the verifier read those); p_d = 0 outside (drafters/draft_vocab.py)
-            prev, p_k = draft_to_target(prev, p_k, self.draft_ids, self.dims.vocab_size)  # [R], [R, V]
+            # target ids (W_1 and the verifier read those) [R]; p_d [R, V]
+            prev, p_k = draw_drafts(logits_k, sampling, generators, self.draft_ids, self.dims.vocab_size)
             tokens.append(prev)
             probs.append(p_k)
         markov_embs = torch.stack(embs, dim=1) if embs else None
@@ -228,8 +224,3 @@ class DSparkDrafter(nn.Module):
             return None
         logits = self._confidence_logits(h, markov_embs)  # [R, K]
         return torch.sigmoid(scale_confidence_logits(logits.float(), self.config.sts_temperatures))
-
-
-def greedy_probs(base: Tensor, tokens: Tensor) -> Tensor:
-    """The greedy ``p_d``: one-hot rows ``[R, K, V]`` (fp32) at ``tokens [R, K]``."""
-    return torch.zeros_like(base, dtype=torch.float32).scatter_(-1, tokens.unsqueeze(-1), 1.0)

@@ -40,17 +40,16 @@ from dspark.drafters.common import (
     scaled_embedding,
     slot_factors,
 )
-from dspark.drafters.draft_vocab import draft_to_target, register_draft_vocab
+from dspark.drafters.draft_vocab import register_draft_vocab
 from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, eagle3_objective
 from dspark.drafters.request_state import (
     assert_states,
     batch_context,
+    draw_drafts,
     padded_context_mask,
-    sample_tokens,
     sync_requests,
 )
 from dspark.protocols import DraftBlock, SamplingParams, SequenceState, TrainBatch, TrainOutput
-from dspark.sampling.probs import batch_probs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -263,14 +262,14 @@ class Eagle3Drafter(nn.Module):
             )
             keys.append(k_new)
             values.append(v_new)
-            p_k = batch_probs(self.logits(h), sampling).squeeze(1)  # [R, N]
-            tok = sample_tokens(p_k, sampling, generators)  # [R] draft ids
-            # target ids (the next step embeds them); p_d = 0 outside a reduced vocabulary
-            tok, p_k = draft_to_target(tok, p_k, self.draft_ids, self.dims.vocab_size)  # [R], [R, V]
+            # target ids (the next step embeds them) [R]; p_d [R, V] (None: all greedy)
+            tok, p_k = draw_drafts(
+                self.logits(h)[:, 0], sampling, generators, self.draft_ids, self.dims.vocab_size
+            )
             tokens.append(tok)
             probs.append(p_k)
         return DraftBlock(
             tokens=torch.stack(tokens, dim=-1),  # [R, K]
             lengths=torch.full((R,), K, dtype=torch.long, device=device),
-            probs=torch.stack(probs, dim=1),  # [R, K, V]
+            probs=None if probs[0] is None else torch.stack(probs, dim=1),  # [R, K, V]
         )

@@ -112,9 +112,7 @@ class NgramDrafter:
             found = lookup(np.asarray(state.token_ids), K, self.config.min_n, self.config.max_n)
             tokens[r, : len(found)] = torch.tensor(found, dtype=torch.long)
             lengths[r] = len(found)
-        probs = torch.zeros(R, K, self.vocab_size)  # [R, K, V] one-hot: the proposal is deterministic
-        probs.scatter_(-1, tokens.unsqueeze(-1), 1.0)
-        return DraftBlock(tokens=tokens, lengths=lengths, probs=probs)
+        return DraftBlock(tokens=tokens, lengths=lengths, probs=None)  # deterministic: one-hot at tokens
 
     def update(self, state: SequenceState, num_accepted: int, new_features: torch.Tensor | None) -> None:
         """Nothing to absorb: the lookup reads ``state.token_ids`` afresh each round."""

@@ -13,7 +13,9 @@ import torch
 from torch import Tensor
 
 from dspark.drafters.common import DecoderDims
+from dspark.drafters.draft_vocab import draft_to_target
 from dspark.protocols import SamplingParams
+from dspark.sampling.probs import batch_probs
 
 
 class ContextKV:
@@ -128,6 +130,31 @@ def sample_tokens(
             if bool((torch.isfinite(mass) & (mass > 0)).all()):
                 tokens[r] = torch.multinomial(p, 1, generator=g).squeeze(-1)  # [K]
     return tokens
+
+
+def draw_drafts(
+    logits: Tensor,
+    sampling: list[SamplingParams],
+    generators: list[torch.Generator | None],
+    draft_ids: Tensor | None,
+    vocab_size: int,
+) -> tuple[Tensor, Tensor | None]:
+    """Drafts from logits ``[R, K, N]`` (or ``[R, N]``) over the draft vocabulary, in target ids.
+
+    Returns the tokens and the distributions ``[R, K, V]`` they were drawn from, with
+    ``p_d = 0`` outside a reduced draft vocabulary (lossless: SPEC §3, drafters/draft_vocab.py),
+    or None when every request is greedy: each draft is then one-hot at the logits' argmax,
+    and nothing V-wide is built (:class:`~dspark.protocols.DraftBlock`).
+    """
+    if all(p.greedy for p in sampling):
+        tokens = logits.argmax(dim=-1)  # ties: the lowest id, as sampling/probs.py breaks them
+        return (tokens if draft_ids is None else draft_ids[tokens]), None
+    squeeze = logits.dim() == 2
+    probs = batch_probs(logits.unsqueeze(1) if squeeze else logits, sampling)  # [R, K, N]
+    tokens = sample_tokens(probs, sampling, generators)  # [R, K] draft ids
+    if squeeze:
+        tokens, probs = tokens.squeeze(1), probs.squeeze(1)
+    return draft_to_target(tokens, probs, draft_ids, vocab_size)
 
 
 def assert_states(states, max_len: int, sampling) -> None:

@@ -32,7 +32,6 @@ from dspark.scheduler import (
     SpsTable,
     drafting_pays,
     marginal_token_s,
-    peak_features,
     schedule,
     stale_history,
 )
@@ -153,8 +152,7 @@ class DraftStage:
         stats.ngram_rounds += sum(c.proposer == "ngram" for c in choices)
         stats.model_rounds += sum(c.proposer == "model" for c in choices)
         stats.model_probes += sum(c.probe for c in choices)
-        peaks = lambda probs: self.estimator.predict(peak_features(probs))  # noqa: E731
-        block, chosen, caps = self.payoff.propose(decoding, choices, lookups, K, peaks)
+        block, chosen, caps = self.payoff.propose(decoding, choices, lookups, K, self.estimator.predict)
         stats.draft_s += time.perf_counter() - started
         if not chosen:
             return DraftBlock.empty(0, self.vocab_size), {}
@@ -214,7 +212,7 @@ class DraftStage:
             return schedule(self.policy, caps)
         conf = block.confidences
         if conf is None:  # no confidence head: the online estimator's, from the draft distributions
-            conf = self.estimator.predict(peak_features(block.probs))
+            conf = self.estimator.predict(block.peaks())
         confidences = torch.zeros(R, K, dtype=torch.float64)
         confidences[has] = conf.detach().double().cpu()[rows[has]]
         for i, req in enumerate(decoding):

@@ -309,8 +309,8 @@ class PayoffDrafting:
     ) -> tuple[DraftBlock, list, dict[int, int]]:
         """One merged block over the drafting requests: ``(block, drafting requests, caps by id)``.
 
-        ``fill_confidences`` maps draft distributions ``[n, K, V]`` to confidences
-        ``[n, K]`` for the n-gram rows when the model reports its own.
+        ``fill_confidences`` maps peaks ``[n, K]`` to confidences ``[n, K]`` for the n-gram
+        rows when the model reports its own.
         """
         by_model = [r for r, c in zip(decoding, choices) if c.proposer == MODEL]
         by_ngram = [r for r, c in zip(decoding, choices) if c.proposer == NGRAM]
@@ -346,9 +346,7 @@ class PayoffDrafting:
                 found = lookups[req.id][:K]
                 tokens[i, : len(found)] = torch.tensor(found, dtype=torch.long)
                 lengths[i] = len(found)
-            probs = torch.zeros(len(by_ngram), K, self.vocab_size)  # [n, K, V] one-hot
-            probs.scatter_(-1, tokens.unsqueeze(-1), 1.0)
-            parts.append((by_ngram, DraftBlock(tokens=tokens, lengths=lengths, probs=probs)))
+            parts.append((by_ngram, DraftBlock(tokens=tokens, lengths=lengths, probs=None)))  # one-hot
         return (
             merge_blocks(parts, K, self.vocab_size, fill_confidences),
             [r for rs, _ in parts for r in rs],

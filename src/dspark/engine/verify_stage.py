@@ -23,8 +23,8 @@ from dspark.engine.kv import KVMemory
 from dspark.engine.payoff_drafting import PayoffDrafting
 from dspark.engine.requests import Finish, Request, TokenEvent
 from dspark.protocols import DraftBlock, Drafter, RoundLog
-from dspark.sampling import batch_probs, verify
-from dspark.scheduler import ConfidenceEstimator, peak_features
+from dspark.sampling import batch_probs, verify, verify_greedy
+from dspark.scheduler import ConfidenceEstimator
 from dspark.targets import TargetAdapter
 from dspark.targets.flat import FlatOutput
 
@@ -73,29 +73,24 @@ class VerifyStage:
         rows = torch.tensor(offsets).unsqueeze(-1) + torch.minimum(torch.arange(L + 1), lengths.unsqueeze(-1))
         rows = rows.to(device)  # [R, L+1]
         params = [r.params for r in decoding]
-        target_probs = batch_probs(out.logits[rows], params)  # [R, L+1, V]
         tokens = torch.zeros(R, L, dtype=torch.long, device=device)  # [R, L]
-        draft_probs = None
         n_verified = lengths.tolist()
+        for i, (req, n) in enumerate(zip(decoding, n_verified)):
+            if n > 0:
+                tokens[i, :n] = block.tokens[drafting[req.id], :n].to(device)
         greedy = [p.greedy for p in params]
-        if L > 0:
-            # greedy verification compares tokens only: no [R, L, V] copy of the draft probs
-            if not all(greedy):
-                draft_probs = target_probs.new_zeros(R, L, target_probs.shape[-1])  # [R, L, V]
-            for i, (req, n) in enumerate(zip(decoding, n_verified)):
-                if n > 0:
-                    j = drafting[req.id]
-                    tokens[i, :n] = block.tokens[j, :n].to(device)
-                    if draft_probs is not None:
-                        draft_probs[i, :n] = block.probs[j, :n].to(draft_probs)
-        result = verify(
-            tokens,
-            lengths.to(device),
-            draft_probs,
-            target_probs,
-            greedy=torch.tensor(greedy, device=device),
-            generators=[r.generator for r in decoding],
-        )
+        if all(greedy):  # tokens against the logits' argmax: no V-wide rows built
+            result = verify_greedy(tokens, lengths.to(device), out.logits.argmax(dim=-1)[rows])
+        else:
+            target_probs = batch_probs(out.logits[rows], params)  # [R, L+1, V]
+            result = verify(
+                tokens,
+                lengths.to(device),
+                self._draft_probs(decoding, block, drafting, n_verified, target_probs),
+                target_probs,
+                greedy=torch.tensor(greedy, device=device),
+                generators=[r.generator for r in decoding],
+            )
         n_accepted = result.num_accepted.tolist()
         self._observe(decoding, block, drafting, n_verified, n_accepted, stats)
         events, finished = [], []
@@ -138,6 +133,24 @@ class VerifyStage:
             self._finish(req, cut.finish_reason, cut.text)
         return events
 
+    @staticmethod
+    def _draft_probs(
+        decoding: list[Request],
+        block: DraftBlock,
+        drafting: dict[int, int],
+        n_verified: list[int],
+        like: Tensor,
+    ) -> Tensor | None:
+        """The verified rows' draft distributions ``[R, L, V]``, None when the block's are one-hot."""
+        L = like.shape[1] - 1
+        if block.probs is None or L == 0:
+            return None
+        probs = like.new_zeros(len(decoding), L, like.shape[-1])  # [R, L, V]
+        for i, (req, n) in enumerate(zip(decoding, n_verified)):
+            if n > 0:
+                probs[i, :n] = block.probs[drafting[req.id], :n].to(probs)
+        return probs
+
     def _observe(
         self,
         decoding: list[Request],
@@ -154,11 +167,11 @@ class VerifyStage:
         for req, n, a in zip(decoding, verified, accepted):
             if n > 0:
                 req.predictor.observe(a > 0)
-        if drafting and block.probs is not None and block.max_len > 0:
+        if drafting and block.max_len > 0:
             idx = [i for i, r in enumerate(decoding) if r.id in drafting]
             rows = torch.tensor([drafting[decoding[i].id] for i in idx])
             self.estimator.observe(
-                peak_features(block.probs[rows]),
+                block.peaks()[rows],
                 torch.tensor([verified[i] for i in idx]),
                 torch.tensor([accepted[i] for i in idx]),
             )

@@ -23,7 +23,6 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from dspark.drafters.dspark import greedy_probs
 from dspark.drafters.request_state import sample_tokens
 from dspark.engine import Engine, EngineConfig
 from dspark.eval.overhead import median_time
@@ -121,7 +120,7 @@ def round_breakdown(
 
     def loop():
         tokens, embs = drafter._greedy_loop(h, base, anchor)
-        greedy_probs(base, tokens), drafter._block_confidences(h, embs)
+        drafter._block_confidences(h, embs)
         return tokens
 
     cache = target.new_cache()

@@ -7,6 +7,7 @@ from dspark.sampling.rejection import (
     residual_distribution,
     sample_inverse_cdf,
     verify,
+    verify_greedy,
 )
 
 __all__ = [
@@ -17,4 +18,5 @@ __all__ = [
     "residual_distribution",
     "sample_inverse_cdf",
     "verify",
+    "verify_greedy",
 ]

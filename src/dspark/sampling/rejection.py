@@ -65,6 +65,16 @@ def residual_distribution(p_t: torch.Tensor, p_d: torch.Tensor) -> torch.Tensor:
     return torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(mass.dtype).tiny), p_t)
 
 
+def one_hot_residual(p_t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """:func:`residual_distribution` for a one-hot ``p_d`` at ``x [..., 1]``: ``p_t`` without ``x``.
+
+    Rows where ``p_t(x) = 1`` (nothing left; a rejection cannot happen) fall back to ``p_t``.
+    """
+    residual = p_t.scatter(-1, x, 0.0)  # [..., V]
+    mass = residual.sum(dim=-1, keepdim=True)  # [..., 1]
+    return torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(mass.dtype).tiny), p_t)
+
+
 def accept_test(p_t_x: torch.Tensor, p_d_x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Accept each draft with probability ``min(1, p_t(x) / p_d(x))`` given ``u ~ U[0, 1)``.
 
@@ -132,8 +142,9 @@ def verify(
         draft_tokens: ``[R, K]`` long; ``draft_tokens[r, :draft_lengths[r]]`` are request r's
             drafts, the rest is ignored (any value).
         draft_lengths: ``[R]`` long in ``0..K``: how many drafts of each request to verify.
-        draft_probs: ``[R, K, V]`` the distributions the drafts were sampled from; may be
-            None only when ``K == 0`` or every request is greedy.
+        draft_probs: ``[R, K, V]`` the distributions the drafts were sampled from, or None
+            for deterministic drafts (n-gram lookup, a greedy drafter): each is then one-hot
+            at its token, which is never materialised (``K · V`` floats a request).
         target_probs: ``[R, K+1, V]`` processed target distributions at the K draft
             positions and the bonus position; request r's bonus row is
             ``target_probs[r, draft_lengths[r]]``. Rows past it are ignored.
@@ -149,9 +160,7 @@ def verify(
     greedy = torch.zeros(R, dtype=torch.bool, device=device) if greedy is None else greedy
     assert greedy.shape == (R,), f"greedy {tuple(greedy.shape)} != ({R},)"
     any_greedy = bool(greedy.any())
-    if draft_probs is None:
-        assert K == 0 or bool(greedy.all()), "draft_probs is required for sampled requests"
-    else:
+    if draft_probs is not None:
         assert draft_probs.shape == (R, K, V), f"draft_probs {tuple(draft_probs.shape)} != {(R, K, V)}"
 
     # Drawn for greedy requests too, so every generator advances as it always has.
@@ -160,14 +169,15 @@ def verify(
     tokens = torch.where(valid, draft_tokens, 0).unsqueeze(-1)  # [R, K, 1]; padding made safe
     target_at_drafts = target_probs[:, :K]  # [R, K, V]
     if any_greedy and bool(greedy.all()):
-        return _verify_greedy(tokens.squeeze(-1), valid, target_probs)
+        return verify_greedy(draft_tokens, draft_lengths, target_probs.argmax(dim=-1))
 
     # Acceptance test of every draft at once; the prefix logic below keeps the first run.
     accept = torch.zeros(R, K, dtype=torch.bool, device=device)  # [R, K]
-    if draft_probs is not None:
+    if K > 0:
         p_t_x = target_at_drafts.gather(-1, tokens).squeeze(-1).double()  # [R, K]
-        p_d_x = draft_probs.gather(-1, tokens).squeeze(-1).double()  # [R, K]
-        accept = accept_test(p_t_x, p_d_x, u_accept)
+        # one-hot p_d: p_d(x) = 1, so x is accepted with probability p_t(x)
+        p_d_x = torch.ones_like(p_t_x) if draft_probs is None else draft_probs.gather(-1, tokens).squeeze(-1)
+        accept = accept_test(p_t_x, p_d_x.double(), u_accept)
     if any_greedy:
         matches_argmax = tokens.squeeze(-1) == target_at_drafts.argmax(dim=-1)  # [R, K]
         accept = torch.where(greedy.unsqueeze(-1), matches_argmax, accept)
@@ -180,26 +190,32 @@ def verify(
     p_t_stop = target_probs[rows, num_accepted].float()  # [R, V]
     rejected = num_accepted < draft_lengths  # [R]
     dist = p_t_stop
-    if draft_probs is not None and K > 0:
-        p_d_stop = draft_probs[rows, num_accepted.clamp(max=K - 1)].float()  # [R, V]
-        use_residual = (rejected & ~greedy).unsqueeze(-1)  # [R, 1]
-        dist = torch.where(use_residual, residual_distribution(p_t_stop, p_d_stop), p_t_stop)
+    if K > 0:
+        stop = num_accepted.clamp(max=K - 1)  # [R]
+        if draft_probs is None:  # max(0, p_t - one_hot(x)) is p_t without x
+            residual = one_hot_residual(p_t_stop, tokens[rows, stop])
+        else:
+            residual = residual_distribution(p_t_stop, draft_probs[rows, stop].float())
+        dist = torch.where((rejected & ~greedy).unsqueeze(-1), residual, p_t_stop)  # [R, V]
     next_tokens = sample_inverse_cdf(dist, u_next)  # [R]
     if any_greedy:
         next_tokens = torch.where(greedy, p_t_stop.argmax(dim=-1), next_tokens)
     return VerifyOutput(num_accepted=num_accepted, next_tokens=next_tokens)
 
 
-def _verify_greedy(tokens: torch.Tensor, valid: torch.Tensor, target_probs: torch.Tensor) -> VerifyOutput:
-    """:func:`verify` when every request is greedy: the same result without the V-wide sampling work.
+def verify_greedy(
+    draft_tokens: torch.Tensor, draft_lengths: torch.Tensor, choice: torch.Tensor
+) -> VerifyOutput:
+    """:func:`verify` when every request is greedy, from the target's greedy tokens ``choice [R, K+1]``.
 
-    A draft is accepted iff it is the target's argmax; the next token is the argmax of the
-    row where the round stopped (the recovered or bonus token).
+    ``choice`` is the argmax of the raw logits (the greedy row is one-hot there, ties to the
+    lowest id as ``argmax`` breaks them), so a caller need not build V-wide rows at all. A
+    draft is accepted iff it is the choice; the next token is the choice where the round
+    stopped. No uniforms are drawn.
     """
-    K = tokens.shape[1]
-    accept = (tokens == target_probs[:, :K].argmax(dim=-1)) & valid  # [R, K]
+    R, K = draft_tokens.shape
+    valid = torch.arange(K, device=draft_tokens.device) < draft_lengths.unsqueeze(-1)  # [R, K]
+    accept = (draft_tokens == choice[:, :K]) & valid  # [R, K]
     num_accepted = accept.long().cumprod(dim=-1).sum(dim=-1)  # [R]
-    rows = torch.arange(tokens.shape[0], device=tokens.device)
-    return VerifyOutput(
-        num_accepted=num_accepted, next_tokens=target_probs[rows, num_accepted].argmax(dim=-1)
-    )
+    rows = torch.arange(R, device=draft_tokens.device)
+    return VerifyOutput(num_accepted=num_accepted, next_tokens=choice[rows, num_accepted])

@@ -8,7 +8,6 @@ from dspark.scheduler.confidence_estimator import (
     ConfidenceEstimator,
     EstimatorConfig,
     FirstAcceptPredictor,
-    peak_features,
 )
 from dspark.scheduler.drafting import drafting_pays, marginal_token_s
 from dspark.scheduler.payoff import (
@@ -60,7 +59,6 @@ __all__ = [
     "marginal_token_s",
     "measure_sps",
     "parse_policy",
-    "peak_features",
     "prefix_async_lengths",
     "prefix_lengths",
     "schedule",

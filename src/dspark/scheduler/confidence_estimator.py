@@ -5,7 +5,8 @@ The hardware-aware policies rank drafts by predicted conditional acceptance ``c_
 this estimator predicts it from the draft distribution and recalibrates against what
 the target actually accepted.
 
-Feature: the peak ``max_v p_d^k(v)`` of the distribution draft k was sampled from — a
+Feature: the peak ``max_v p_d^k(v)`` of the distribution draft k was sampled from
+(``DraftBlock.peaks``; 1 for a one-hot draft) — a
 function of ``x_<k`` only, never of ``x_k`` itself. (Using ``p_d^k(x_k)`` would let the
 admission of ``x_k`` depend on its own value and bias the output, paper Appendix A.)
 
@@ -37,11 +38,6 @@ class EstimatorConfig:
     prior: float = 0.8
     prior_strength: float = 2.0  # pseudo-rounds behind the prior
     pool_strength: float = 4.0  # pseudo-rounds pulling a bin towards its position's rate
-
-
-def peak_features(draft_probs: Tensor) -> Tensor:
-    """``max_v p_d^k(v)`` ``[R, K]`` from draft distributions ``[R, K, V]``."""
-    return draft_probs.amax(dim=-1).float()
 
 
 def round_outcomes(lengths: Tensor, num_accepted: Tensor, K: int) -> tuple[Tensor, Tensor]:

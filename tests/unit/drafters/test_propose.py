@@ -42,9 +42,17 @@ def test_zero_max_len_is_an_empty_block(target, drafter):
 
 
 def test_greedy_is_argmax_one_hot(target, drafter):
+    """All greedy: the drafts the general path draws for a greedy row (one-hot rows), no probs built."""
     block = drafter.propose([make_state(target, prompt(9))], BLOCK, [GREEDY])
-    assert torch.equal(block.probs.max(-1).values, torch.ones(1, BLOCK))
-    assert torch.equal(block.tokens, block.probs.argmax(-1))
+    assert block.probs is None
+    mixed = drafter.propose(
+        [make_state(target, prompt(9)), make_state(target, prompt(9), 1)],
+        BLOCK,
+        [GREEDY, SamplingParams(seed=1)],
+    )
+    assert torch.equal(mixed.probs[0].max(-1).values, torch.ones(BLOCK))
+    assert torch.equal(mixed.tokens[:1], mixed.probs[:1].argmax(-1))
+    assert torch.equal(block.tokens, mixed.tokens[:1])
 
 
 def test_seeded_sampling_is_reproducible(target, drafter):

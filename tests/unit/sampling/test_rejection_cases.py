@@ -9,6 +9,7 @@ import torch
 from dspark.sampling.rejection import (
     VerifyOutput,
     acceptance_probability,
+    one_hot_residual,
     residual_distribution,
     sample_inverse_cdf,
     verify,
@@ -145,8 +146,6 @@ def test_shapes_are_checked_at_the_boundary():
         verify(drafts, lengths, p_d[:, :2], target)
     with pytest.raises(AssertionError, match="draft_lengths"):
         verify(drafts, lengths + 4, p_d, target)
-    with pytest.raises(AssertionError, match="draft_probs is required"):
-        verify(drafts, lengths, None, target)
 
 
 def test_emitted_lists_accepted_drafts_then_the_next_token():
@@ -170,3 +169,61 @@ def test_inverse_cdf_never_returns_a_token_without_mass():
     for u, expected in [(0.0, [1, 4, 0]), (0.5, [3, 4, 0]), (1 - 2**-53, [3, 4, 0]), (1.0, [3, 4, 0])]:
         tokens = sample_inverse_cdf(probs, torch.full((3,), u, dtype=torch.float64))
         assert tokens.tolist() == expected, u
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_no_draft_probs_means_one_hot_at_the_drafts(seed):
+    """``draft_probs=None`` (a deterministic proposer) verifies exactly as the one-hot rows would,
+    draw for draw, for sampled and greedy requests mixed, with any lengths."""
+    R, K, V = 6, 4, 12
+    g = torch.Generator().manual_seed(seed)
+    greedy = torch.tensor([False, False, True, False, True, False])
+    outcomes = set()
+    for trial in range(20):
+        target = random_probs(R, K + 1, V, seed=seed * 100 + trial)
+        drafts = torch.randint(0, V, (R, K), generator=g)
+        drafts[:, :2] = target[:, :2].argmax(-1)  # likely drafts first, so rounds get past them
+        drafts[0] = target[0, :K].argmax(-1)
+        target[0, :2] = one_hot(drafts[0, :2], V)  # p_t(x) = 1: accepted whatever the draw
+        lengths = torch.randint(0, K + 1, (R,), generator=g)
+
+        def run(draft_probs, drafts=drafts, lengths=lengths, target=target):
+            generators = [torch.Generator().manual_seed(10 + r) for r in range(R)]
+            return verify(drafts, lengths, draft_probs, target, greedy=greedy, generators=generators)
+
+        explicit, implicit = run(one_hot(drafts, V)), run(None)
+        assert torch.equal(explicit.num_accepted, implicit.num_accepted)
+        assert torch.equal(explicit.next_tokens, implicit.next_tokens)
+        assert int(implicit.num_accepted[0]) >= min(2, int(lengths[0]))
+        outcomes.update((int(n) < int(m)) for n, m in zip(implicit.num_accepted, lengths))
+    assert outcomes == {True, False}  # both rejections (residual draws) and full acceptances
+
+
+def test_one_hot_residual_drops_the_draft_and_keeps_a_certain_target():
+    p_t = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.0, 1.0, 0.0, 0.0]])
+    x = torch.tensor([[0], [1]])
+    expected = torch.tensor([[0.0, 0.6, 0.4, 0.0], [0.0, 1.0, 0.0, 0.0]])  # row 2: p_t(x) = 1
+    torch.testing.assert_close(one_hot_residual(p_t, x), expected)
+    torch.testing.assert_close(one_hot_residual(p_t, x), residual_distribution(p_t, one_hot(x[:, 0], 4)))
+
+
+def test_greedy_verification_reads_the_raw_logits_argmax():
+    """The engine verifies greedy batches from ``logits.argmax`` without probabilities: the same
+    outcome as the processed one-hot rows, ties to the lowest id included."""
+    from dspark.protocols import SamplingParams
+    from dspark.sampling import batch_probs, verify_greedy
+
+    R, K, V = 5, 3, 9
+    logits = torch.randn(R, K + 1, V, generator=torch.Generator().manual_seed(3))
+    logits[1, 0, 4] = logits[1, 0, 6] = logits[1, 0].max() + 1  # a tie: 4 wins
+    drafts = logits[:, :K].argmax(-1)
+    drafts[2, 1] = (drafts[2, 1] + 1) % V  # request 2 is rejected at 1
+    lengths = torch.tensor([3, 3, 3, 1, 0])
+    probs = batch_probs(logits, [SamplingParams(temperature=0.0)] * R)
+    general = verify(drafts, lengths, None, probs, greedy=torch.ones(R, dtype=torch.bool))
+    fast = verify_greedy(drafts, lengths, logits.argmax(-1))
+    assert torch.equal(fast.num_accepted, general.num_accepted)
+    assert torch.equal(fast.next_tokens, general.next_tokens)
+    assert fast.num_accepted.tolist() == [3, 3, 1, 1, 0] and int(fast.next_tokens[1]) == int(
+        logits[1, 3].argmax()
+    )

@@ -136,6 +136,27 @@ def test_negative_controls_are_rejected(chi2_pvalue, monkeypatch, bug):
     assert min(pvalues) * len(pvalues) < 1e-6, pvalues
 
 
+@pytest.mark.parametrize("bug", [None, "residual_keeps_the_draft"])
+def test_deterministic_drafts_without_probs_follow_the_target(chi2_pvalue, monkeypatch, bug):
+    """An n-gram-like proposer: each request's drafts are fixed before verification (here picked
+    from ``p_d``, one proposal per request) and reported without probabilities (one-hot)."""
+    V, K = 8, 3
+    p_t, p_d = toy_rows(V, K, seed=13)
+    if bug:  # the residual of a one-hot draft taken as p_t itself: x is emitted too often
+        monkeypatch.setattr(rejection, "one_hot_residual", lambda pt, x: pt)
+    lengths = toy_lengths(N_ROUNDS, K, seed=3)
+    g = torch.Generator().manual_seed(4)
+    drafts = torch.stack(
+        [torch.multinomial(p_d[k], N_ROUNDS, replacement=True, generator=g) for k in range(K)], 1
+    )
+    out = verify(drafts, lengths, None, p_t.expand(N_ROUNDS, K + 1, V), generators=g)
+    pvalues = position_pvalues(chi2_pvalue, p_t, drafts, out)
+    if bug:
+        assert min(pvalues) * len(pvalues) < 1e-6, pvalues
+    else:
+        assert min(pvalues) * len(pvalues) > ALPHA, pvalues
+
+
 def test_empty_draft_emits_from_first_target_row(chi2_pvalue):
     V, R = 16, N_ROUNDS
     p_t, _ = toy_rows(V, 3, seed=3)  # [4, V]

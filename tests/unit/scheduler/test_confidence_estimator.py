@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from dspark.scheduler import ConfidenceEstimator, FirstAcceptPredictor, peak_features
+from dspark.protocols import DraftBlock
+from dspark.scheduler import ConfidenceEstimator, FirstAcceptPredictor
 from dspark.scheduler.confidence_estimator import round_outcomes
 
 
@@ -39,7 +40,10 @@ def test_estimator_learns_from_verification():
 
 def test_features_read_the_distribution_not_the_token():
     probs = torch.softmax(torch.randn(3, 4, 10), dim=-1)
-    torch.testing.assert_close(peak_features(probs), probs.amax(-1))
+    tokens, lengths = torch.randint(0, 10, (3, 4)), torch.full((3,), 4)
+    torch.testing.assert_close(DraftBlock(tokens, lengths, probs).peaks(), probs.amax(-1))
+    # a deterministic block (probs None: one-hot at the tokens) peaks at 1 everywhere
+    torch.testing.assert_close(DraftBlock(tokens, lengths, None).peaks(), torch.ones(3, 4))
 
 
 def test_first_accept_predictor_skips_then_probes():
