@@ -13,7 +13,9 @@ controller as shipped (``realism``: first-draft rates scaled by the realised/exp
 ratio of chosen rounds) against the same without that scaling (``naive``); ``explore``: the
 controller as shipped (``explore``: pooled rates priced at their upper confidence bound,
 aged while nobody observes them) against the pooled means, never aged (``greedy``), with
-``fixed`` drafting beside them.
+``fixed`` drafting beside them; ``lengths``: the controller as shipped (``lengths``: model
+rounds verify as far as the bound on the request's later acceptance pays) against rounds
+verifying as far as its mean pays (``short``), with ``fixed`` beside them.
 
     python scripts/bench_floor.py DRAFTER PROMPTS.jsonl[,...] 16,64 [REPEATS] [MODE]
 
@@ -107,6 +109,7 @@ VARIANTS = {
     "values": ("plain", "priced", "valued"),
     "realism": ("plain", "naive", "realism"),
     "explore": ("plain", "fixed", "greedy", "explore"),
+    "lengths": ("plain", "fixed", "short", "lengths"),
 }.get(MODE, ("plain", "never"))
 params = SamplingParams(temperature=0.0, max_tokens=64)
 for (name, prompts), c in itertools.product(sets.items(), conc):
@@ -132,6 +135,8 @@ for (name, prompts), c in itertools.product(sets.items(), conc):
                 eng.payoff.config = dataclasses.replace(eng.payoff.config, value_probes=True)
             if variant == "greedy":
                 eng.payoff.config = dataclasses.replace(eng.payoff.config, explore=0.0, pool_aging=1.0)
+            if variant == "short":
+                eng.payoff.config = dataclasses.replace(eng.payoff.config, explore_lengths=False)
             if variant == "naive":
                 eng.payoff.config = dataclasses.replace(eng.payoff.config, realism_strength=0.0)
             NEVER[0] = variant == "never" and MODE == "override"
@@ -144,16 +149,18 @@ for (name, prompts), c in itertools.product(sets.items(), conc):
             acc["tokens"] = sum(len(r.token_ids) for r in res)
             acc["steps"] = eng.stats.steps
             acc["model rounds"], acc["model probes"] = eng.stats.model_rounds, eng.stats.model_probes
+            acc["verified"], acc["accepted"] = eng.stats.verified, eng.stats.accepted
             d = tot.setdefault(variant, {})
             for k, v in acc.items():
                 d[k] = d.get(k, 0.0) + v
-    if MODE in ("probes", "values", "realism", "explore"):
+    if MODE in ("probes", "values", "realism", "explore", "lengths"):
         p = tot["plain"]
         for v in VARIANTS[1:]:
             n = tot[v]
             print(
                 f"== {name[-12:]} c={c} {v} {drafter_name}: {v}/plain speed {p['total'] / p['tokens'] / (n['total'] / n['tokens']):.3f}x "
                 f"(plain {p['total']:.2f}s {v} {n['total']:.2f}s); model rounds {n['model rounds']:.0f} of which probes {n['model probes']:.0f}; "
+                f"verified {n['verified']:.0f} accepted {n['accepted']:.0f}; "
                 f"draft stage {1e3 * n['draft stage'] / n['steps']:.2f} ms/step, drafter updates {n.get('drafter update', 0):.2f}s"
             )
         continue

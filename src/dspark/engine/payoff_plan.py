@@ -15,7 +15,8 @@ agree choice for choice:
   the tiny target (``scripts/bench_floor.py``), a floor of 3.5 % under plain decoding.
 
 Both end in :func:`settle`: a blocked model call that a probe pays anyway is joined,
-model rounds verify two drafts at least, each real round records what it expects
+model rounds verify two drafts at least and as far as the upper bound of the request's
+later acceptance pays (:func:`explore_lengths`), each real round records what it expects
 (Realism), and the n-gram's shadow evaluations start.
 """
 
@@ -32,7 +33,9 @@ from dspark.scheduler.payoff import (
     AcceptanceRecord,
     Choice,
     PayoffController,
+    RoundCosts,
     best_length,
+    explored_length,
     probe_cost,
     shared_call_pays,
     start_shadows,
@@ -147,7 +150,7 @@ def plan_each(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Choi
         for name in caps
     }
     unscaled = {name: ([e for e, _ in r], [q for _, q in r]) for name, r in rates.items()}
-    settle(payoff, decoding, choices, table, caps.get(MODEL), unscaled, lookups, blocked)
+    settle(payoff, decoding, choices, table, caps.get(MODEL), unscaled, lookups, blocked, costs)
     return choices, lookups
 
 
@@ -264,8 +267,32 @@ def plan_batch(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Cho
             probe_costs=own_probes, probe_values=own_values,
         )  # fmt: skip
         model_tries |= choices[i].proposer == MODEL
-    settle(payoff, decoding, choices, gains, caps.get(MODEL), rates, lookups, blocked)
+    settle(payoff, decoding, choices, gains, caps.get(MODEL), rates, lookups, blocked, costs)
     return choices, lookups
+
+
+def explore_lengths(
+    payoff: PayoffDrafting,
+    ctrls: list[PayoffController],
+    choices: list[Choice],
+    caps: Sequence[int],
+    rates: tuple[Sequence[float], Sequence[float]],
+    costs: RoundCosts,
+) -> None:
+    """Model rounds (not probes) verify up to :func:`explored_length` (in place): the block is
+    drafted whole anyway, and while a request's later rate rests on few trials its bound
+    says a longer prefix may pay, which only verifying it can tell."""
+    config, pooled = payoff.config, MODEL in payoff.pooled
+    scale = payoff.scales().get(MODEL, 1.0)
+    for i, choice in enumerate(choices):
+        if choice.proposer != MODEL or choice.probe or choice.length >= caps[i]:
+            continue
+        record = ctrls[i].records.get(MODEL) or _EMPTY
+        trials = record.later_tested + record.strength(config, pooled=pooled)
+        e = min(1.0, float(rates[0][i]) * scale)
+        ell = explored_length(e, float(rates[1][i]), trials, int(caps[i]), costs=costs, config=config)
+        if ell > choice.length:
+            choices[i] = Choice(MODEL, ell)
 
 
 def settle(
@@ -277,6 +304,7 @@ def settle(
     rates: Mapping[str, tuple[Sequence[float], Sequence[float]]],
     lookups: dict[int, list[int]],
     blocked: Sequence[str],
+    costs: RoundCosts,
 ) -> None:
     """What every plan does once each request has decided (in place): ``gains`` per proposer
     ``(G [R], ℓ [R])`` (−inf where it cannot propose), the model's caps ``[R]``, the unscaled
@@ -285,6 +313,8 @@ def settle(
     if MODEL in blocked:
         join_probe_call(choices, ctrls, gains, MODEL)
     keep_q_observable(choices, model_caps, MODEL)
+    if payoff.config.explore_lengths and model_caps is not None:
+        explore_lengths(payoff, ctrls, choices, model_caps, rates[MODEL], costs)
     for i, (ctrl, choice) in enumerate(zip(ctrls, choices)):
         ctrl.expecting = None
         if choice.proposer is not None and not choice.probe:

@@ -455,22 +455,27 @@ class EarlySecondDraftMisses(NoisyOracleDrafter):
 def test_early_misses_at_the_second_draft_do_not_hold_a_drafter_to_one_draft(target, sps, monkeypatch):
     """Only a round verifying two drafts or more tests the later rate q: once early misses at
     position 2 priced one draft a round, q never moved again. A model round verifies two at
-    least (``keep_q_observable``), so q recovers and the drafter's rounds grow again."""
+    least (``keep_q_observable``), and as far as the bound on q pays while its evidence is
+    thin (``PayoffConfig.explore_lengths``); either alone lets q recover and the drafter's
+    rounds grow again, neither does not."""
     from dspark.engine import payoff_plan
 
     prompts = make_prompts(2, seed=23, min_len=10)
     refs = greedy_references(target, prompts, 90)
     references = {tuple(p): r for p, (r, _) in zip(prompts, refs)}
     config = payoff_config(1, costs=CHEAP, choose_proposer=False)
+    keep = payoff_plan.keep_q_observable
     steps = {}
-    for rule in (True, False):
-        if not rule:
-            monkeypatch.setattr(payoff_plan, "keep_q_observable", lambda *a: None)
+    for two, explore in ((True, True), (True, False), (False, True), (False, False)):
+        monkeypatch.setattr(payoff_plan, "keep_q_observable", keep if two else lambda *a: None)
         engine = Engine(target, EarlySecondDraftMisses(references, VOCAB, early=12), config, sps=sps)
+        engine.payoff.config = dataclasses.replace(engine.payoff.config, explore_lengths=explore)
         results = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=90))
         assert [r.token_ids for r in results] == [r for r, _ in refs]
         later = [rd.proposed for r in results for rd in r.rounds[len(r.rounds) // 2 :] if rd.proposed]
-        steps[rule] = (engine.stats.steps, sum(later) / max(len(later), 1))
-    (with_rule, verified_with), (without, verified_without) = steps[True], steps[False]
-    assert verified_with >= 4 > verified_without
-    assert with_rule < 0.8 * without
+        steps[two, explore] = (engine.stats.steps, sum(later) / max(len(later), 1))
+    without, verified_without = steps[False, False]
+    for rules in ((True, True), (True, False), (False, True)):
+        with_rules, verified_with = steps[rules]
+        assert verified_with >= 4 > verified_without, rules
+        assert with_rules < 0.8 * without, rules

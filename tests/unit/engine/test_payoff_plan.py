@@ -29,6 +29,7 @@ from dspark.scheduler.payoff import (
     probe_value,
     shared_call_pays,
     upper_rates,
+    wilson_upper,
 )
 from dspark.scheduler.payoff_batch import join_probe_call
 
@@ -147,6 +148,18 @@ def reference_plan(payoff: PayoffDrafting, decoding: list[Request], K: int):
     for i, (choice, caps) in enumerate(zip(choices, every_caps)):  # q stays observable
         if choice.proposer == MODEL and not choice.probe and choice.length < min(2, caps[MODEL]):
             choices[i] = Choice(MODEL, min(2, caps[MODEL]))
+    for i, (req, choice, caps) in enumerate(zip(decoding, choices, every_caps)):  # explored length
+        if config.explore_lengths and choice.proposer == MODEL and not choice.probe:
+            record = req.payoff.record(MODEL)
+            e, q = priced_rates(record, priors.get(MODEL))
+            s = (
+                config.pool_strength
+                if MODEL in priors
+                else config.prior_strength * config.memory**record.rounds
+            )
+            q_up = wilson_upper(q, record.later_tested + s, config.explore)
+            ell = best_length(e, q_up, caps[MODEL], draft_s=0.0, costs=costs, margin=config.margin)[1]
+            choices[i] = Choice(MODEL, max(choice.length, ell))
     for req, choice in zip(decoding, choices):  # what a real round expects (Realism), unscaled
         name = choice.proposer
         real = name is not None and not choice.probe

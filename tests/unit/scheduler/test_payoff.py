@@ -12,11 +12,13 @@ from dspark.scheduler.payoff import (
     RoundCosts,
     best_length,
     expected_accepted,
+    explored_length,
     probe_cost,
     probe_value,
     shadow_outcome,
     shared_call_pays,
     upper_rates,
+    wilson_upper,
 )
 
 # A batch-1 machine in units of one decode step (10 ms): each verified token adds 5 % of a
@@ -218,6 +220,25 @@ def test_aging_keeps_the_rates_and_widens_their_bound():
     assert pool.rates(PayoffConfig()) == pytest.approx(before_rates)
     after = upper_rates(pool, PayoffConfig())
     assert after[0] > before_bound[0] and after[1] > before_bound[1]
+
+
+def test_a_drafting_round_verifies_as_far_as_the_bound_on_later_acceptance_pays():
+    """``explored_length``: on thin evidence of q the round verifies further than the mean pays
+    for (the block is drafted whole anyway), on much evidence as far as the mean says; never
+    shorter; at z = 0 the mean's length."""
+    step = (0.0, 0.13, 0.19, 0.25, 0.31, 0.37, 0.43, 0.49)  # 6 % of a step per draft after the first
+    costs = RoundCosts(verify_s=tuple(STEP * v for v in step), tokens_per_s=1 / STEP, draft_s={"model": STEP})
+    e, q = 0.56, 0.52  # DFlash on gsm8k at 4 requests, rates from the answers' first rounds
+    mean_ell = best_length(e, q, 7, draft_s=0.0, costs=costs)[1]
+    assert mean_ell == 4  # 0.56·0.52^k beats 0.06 while k <= 3
+    thin = explored_length(e, q, 3.0, 7, costs=costs, config=PayoffConfig())
+    assert thin > mean_ell
+    assert thin == best_length(e, wilson_upper(q, 3.0, 1.0), 7, draft_s=0.0, costs=costs)[1]
+    assert explored_length(e, q, 1e5, 7, costs=costs, config=PayoffConfig()) == mean_ell
+    assert explored_length(e, q, 3.0, 7, costs=costs, config=PayoffConfig(explore=0.0)) == mean_ell
+    assert explored_length(e, q, 3.0, 2, costs=costs, config=PayoffConfig()) == 2  # the cap holds
+    lengths = [explored_length(e, q, n, 7, costs=costs, config=PayoffConfig()) for n in (1, 3, 10, 100, 1e4)]
+    assert lengths == sorted(lengths, reverse=True) and lengths[0] > lengths[-1]
 
 
 def test_a_concave_cost_curve_buys_longer_blocks():
