@@ -15,7 +15,9 @@ controller as shipped (``explore``: pooled rates priced at their upper confidenc
 aged while nobody observes them) against the pooled means, never aged (``greedy``), with
 ``fixed`` drafting beside them; ``lengths``: the controller as shipped (``lengths``: model
 rounds verify as far as the bound on the request's later acceptance pays) against rounds
-verifying as far as its mean pays (``short``), with ``fixed`` beside them.
+verifying as far as its mean pays (``short``), with ``fixed`` beside them; ``proposers``: the
+controller as shipped (``both``: n-gram or model per request) against the model drafter
+alone (``model``: ``choose_proposer=False``), with ``fixed`` beside them.
 
     python scripts/bench_floor.py DRAFTER PROMPTS.jsonl[,...] 16,64 [REPEATS] [MODE]
 
@@ -110,6 +112,7 @@ VARIANTS = {
     "realism": ("plain", "naive", "realism"),
     "explore": ("plain", "fixed", "greedy", "explore"),
     "lengths": ("plain", "fixed", "short", "lengths"),
+    "proposers": ("plain", "fixed", "both", "model"),
 }.get(MODE, ("plain", "never"))
 params = SamplingParams(temperature=0.0, max_tokens=64)
 for (name, prompts), c in itertools.product(sets.items(), conc):
@@ -128,6 +131,7 @@ for (name, prompts), c in itertools.product(sets.items(), conc):
                 max_batch=c,
                 max_seq_len=seq,
                 payoff=variant not in ("plain", "fixed"),
+                choose_proposer=variant != "model",
                 draft_costs=costs,
             )
             eng = Engine(target, drafter if variant != "plain" else None, cfg)
@@ -150,17 +154,18 @@ for (name, prompts), c in itertools.product(sets.items(), conc):
             acc["steps"] = eng.stats.steps
             acc["model rounds"], acc["model probes"] = eng.stats.model_rounds, eng.stats.model_probes
             acc["verified"], acc["accepted"] = eng.stats.verified, eng.stats.accepted
+            acc["ngram rounds"] = eng.stats.ngram_rounds
             d = tot.setdefault(variant, {})
             for k, v in acc.items():
                 d[k] = d.get(k, 0.0) + v
-    if MODE in ("probes", "values", "realism", "explore", "lengths"):
+    if MODE in ("probes", "values", "realism", "explore", "lengths", "proposers"):
         p = tot["plain"]
         for v in VARIANTS[1:]:
             n = tot[v]
             print(
                 f"== {name[-12:]} c={c} {v} {drafter_name}: {v}/plain speed {p['total'] / p['tokens'] / (n['total'] / n['tokens']):.3f}x "
                 f"(plain {p['total']:.2f}s {v} {n['total']:.2f}s); model rounds {n['model rounds']:.0f} of which probes {n['model probes']:.0f}; "
-                f"verified {n['verified']:.0f} accepted {n['accepted']:.0f}; "
+                f"n-gram rounds {n['ngram rounds']:.0f}; verified {n['verified']:.0f} accepted {n['accepted']:.0f}; "
                 f"draft stage {1e3 * n['draft stage'] / n['steps']:.2f} ms/step, drafter updates {n.get('drafter update', 0):.2f}s"
             )
         continue
