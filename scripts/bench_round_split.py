@@ -61,7 +61,8 @@ def main(spec: str, dtype_name: str, max_tokens: int) -> dict:
         "update_ms": 1e3 * update_s[0] / n,
         "bookkeeping_ms": 1e3 * (s.step_s - s.forward_s - s.draft_s - update_s[0]) / n,
     }
-    assert own_update <= update_s[0] + 1e-9
+    # the engine's timer (0 before it existed) holds the wrapped call, so it reads at least as much
+    assert own_update == 0.0 or own_update >= update_s[0] - 1e-9, (own_update, update_s[0])
     ours = hf = 0.0
     for _ in range(2):
         for p in prompts:
