@@ -114,9 +114,11 @@ class Run:
 
 @dataclass
 class _Group:
-    """Runs attended in one padded SDPA call over the contiguous slot range ``slots``."""
+    """Runs attended in one padded SDPA call over the slots ``slots``: a contiguous range (a view
+    of the store, slots without a run as dummy rows) or, where the runs' slots are sparse, their
+    indices (the K/V of those slots gathered)."""
 
-    slots: slice
+    slots: slice | Tensor
     kv_len: int  # keys read per row: the longest run end in the group
     gather: Tensor  # [Rg, Tg] flat index of each query row's token (padding: 0)
     rows: Tensor  # [n] positions in the flattened [Rg * Tg] outputs that are real tokens
@@ -149,7 +151,11 @@ class FlatStep:
     def build(cls, store: KVStore, runs: list[Run], *, short_run: int = 16) -> FlatStep:
         """Lay out ``runs`` (in flattened order); runs longer than ``short_run`` attend alone.
 
-        Index tensors are built on the store's device.
+        Single-token runs (plain decoding) and short multi-token runs (verification) attend in
+        two groups: in one, every row would be padded to the longest run, and one request
+        verifying 8 tokens among 63 decoding made the tiny target's whole step 1.6× slower
+        for 11 % more tokens (``scripts/bench_ragged_step.py``, BENCHMARKS.md). Index tensors
+        are built on the store's device.
         """
         assert runs, "a step needs at least one run"
         slots, positions, offsets = [], [], []
@@ -163,24 +169,28 @@ class FlatStep:
             offsets.append(offset)
             offset += run.length
         device = store.k.device
-        short = [(r, o) for r, o in zip(runs, offsets) if r.length <= short_run]
         groups = [_build_group([(r, o)], device) for r, o in zip(runs, offsets) if r.length > short_run]
-        if short:
-            groups.append(_build_group(short, device))
+        for lo, hi in ((1, 1), (2, short_run)):
+            members = [(r, o) for r, o in zip(runs, offsets) if lo <= r.length <= hi]
+            if members:
+                groups.append(_build_group(members, device))
         return cls(store, torch.tensor(slots, device=device), torch.tensor(positions, device=device), groups)
 
 
 def _build_group(members: list[tuple[Run, int]], device: torch.device) -> _Group:
-    """One group over the slot range its runs span; a slot without a run is a dummy row."""
+    """One group over the slot range its runs span (a slot without a run is a dummy row), or over
+    their slots alone where the range would be more than twice as many rows."""
     by_slot = {run.slot: (run, offset) for run, offset in members}
     assert len(by_slot) == len(members), "two runs of one slot in a step"
     lo, hi = min(by_slot), max(by_slot)
-    Rg, Tg = hi - lo + 1, max(run.length for run, _ in members)
+    dense = hi - lo + 1 <= 2 * len(by_slot)
+    order = {slot: slot - lo if dense else i for i, slot in enumerate(sorted(by_slot))}  # slot -> row
+    Rg, Tg = (hi - lo + 1 if dense else len(by_slot)), max(run.length for run, _ in members)
     gather = torch.zeros(Rg, Tg, dtype=torch.long)  # [Rg, Tg]
     positions = torch.zeros(Rg, Tg, dtype=torch.long)  # [Rg, Tg]
     rows, dst = [], []
     for slot, (run, offset) in by_slot.items():
-        i = slot - lo
+        i = order[slot]
         gather[i, : run.length] = torch.arange(offset, offset + run.length)
         # Padding rows repeat the last real position: never an empty (NaN) softmax row.
         positions[i] = run.start + torch.arange(Tg).clamp(max=run.length - 1)
@@ -188,7 +198,7 @@ def _build_group(members: list[tuple[Run, int]], device: torch.device) -> _Group
         dst += range(offset, offset + run.length)
     kv_len = max(run.start + run.length for run, _ in members)
     return _Group(
-        slots=slice(lo, hi + 1),
+        slots=slice(lo, hi + 1) if dense else torch.tensor(sorted(by_slot), device=device),
         kv_len=kv_len,
         gather=gather.to(device),
         rows=torch.tensor(rows, device=device),
@@ -229,7 +239,7 @@ def _flat_attention(
     for g in step.groups:
         Rg, Tg = g.gather.shape
         qg = q[:, g.gather].transpose(0, 1)  # [Rg, nh, Tg, hd]
-        k = store_k[g.slots, :, : g.kv_len]  # [Rg, kvh, S, hd], a view
+        k = store_k[g.slots, :, : g.kv_len]  # [Rg, kvh, S, hd]: a view (a gathered copy for indexed slots)
         v = store_v[g.slots, :, : g.kv_len]
         o = F.scaled_dot_product_attention(
             qg, k, v, attn_mask=g.mask(sliding_window), scale=scaling, enable_gqa=gqa

@@ -10,7 +10,7 @@ from transformers import Gemma2ForCausalLM
 from dspark.engine.kv import KVMemory
 from dspark.errors import UnsupportedTargetError
 from dspark.targets import TargetAdapter, TargetCache
-from dspark.targets.flat import KVStore, Run, flat_forward
+from dspark.targets.flat import FlatStep, KVStore, Run, flat_forward
 
 FAMILIES = ["tiny_qwen3", "tiny_llama", "tiny_gemma3"]
 
@@ -49,6 +49,32 @@ def test_flat_forward_equals_hf_forward(request, family):
         out, who = run_step(target, store, seqs, done, chunk, slots)
         for i, (r, p) in enumerate(who):
             torch.testing.assert_close(out.logits[i], refs[r][p], atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["tiny_qwen3", "tiny_gemma3"])
+def test_decoding_and_verifying_runs_attend_apart_over_sparse_slots(request, family):
+    """Single-token runs and short multi-token runs form two groups (no row padded to another
+    request's verification), and a group whose slots are sparse gathers them instead of
+    spanning the range with dummy rows; the logits stay the plain forward's."""
+    target = TargetAdapter(request.getfixturevalue(family))
+    store = KVStore.for_target(target, num_slots=8, capacity=64)
+    g = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(3, 128, (n,), generator=g) for n in (30, 24, 26, 28, 22, 30)]
+    refs = [reference_logits(target, s) for s in seqs]
+    done, slots = [0] * 6, [0, 2, 3, 4, 5, 7]
+    # a prefill, then decode steps in which the requests in slots 0 and 7 verify 6 and 5 tokens
+    chunks = ([12, 10, 11, 12, 10, 12], [6, 1, 1, 1, 1, 5], [1, 1, 1, 1, 1, 1], [6, 1, 1, 1, 1, 5])
+    for chunk in chunks:
+        runs = [Run(slot=slots[r], start=done[r], length=n) for r, n in enumerate(chunk)]
+        step = FlatStep.build(store, runs)
+        out, who = run_step(target, store, seqs, done, chunk, slots)
+        for i, (r, p) in enumerate(who):
+            torch.testing.assert_close(out.logits[i], refs[r][p], atol=2e-5, rtol=1e-4)
+        if chunk[0] == 6:
+            shapes = sorted(tuple(group.gather.shape) for group in step.groups)
+            assert shapes == [(2, 6), (4, 1)]  # slots 2-5 decode; slots 0 and 7 (sparse) verify
+            sparse = next(group for group in step.groups if group.gather.shape == (2, 6))
+            assert torch.equal(sparse.slots, torch.tensor([0, 7]))
 
 
 def test_features_equal_the_adapters(tiny_qwen3):
