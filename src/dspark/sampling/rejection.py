@@ -60,9 +60,7 @@ def residual_distribution(p_t: torch.Tensor, p_d: torch.Tensor) -> torch.Tensor:
     The residual is all zero only when ``p_t == p_d``, where a rejection cannot happen;
     those rows fall back to ``p_t`` so the result is always a distribution.
     """
-    residual = (p_t - p_d).clamp_min(0.0)  # [..., V]
-    mass = residual.sum(dim=-1, keepdim=True)  # [..., 1]
-    return torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(mass.dtype).tiny), p_t)
+    return _normalised_or(p_t, (p_t - p_d).clamp_min(0.0))
 
 
 def one_hot_residual(p_t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -70,7 +68,11 @@ def one_hot_residual(p_t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
     Rows where ``p_t(x) = 1`` (nothing left; a rejection cannot happen) fall back to ``p_t``.
     """
-    residual = p_t.scatter(-1, x, 0.0)  # [..., V]
+    return _normalised_or(p_t, p_t.scatter(-1, x, 0.0))
+
+
+def _normalised_or(p_t: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """``residual [..., V]`` normalised, rows without mass replaced by ``p_t``."""
     mass = residual.sum(dim=-1, keepdim=True)  # [..., 1]
     return torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(mass.dtype).tiny), p_t)
 
