@@ -27,6 +27,7 @@ from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss,
 from dspark.drafters.request_state import assert_states, draw_drafts
 from dspark.heads import MARKOV_HEAD_TYPES, ConfidenceHead, build_sequential_head, scale_confidence_logits
 from dspark.protocols import DraftBlock, SamplingParams, SequenceState, TrainBatch, TrainOutput
+from dspark.sampling.argmax import greedy_tokens
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -184,12 +185,12 @@ class DSparkDrafter(nn.Module):
         """
         K = h.shape[1]
         if self.markov_head is None:
-            return self._to_target(base.argmax(dim=-1)), None
+            return self._to_target(greedy_tokens(base)), None
         tokens, embs = [], []
         state = self.markov_head.initial_state(h.shape[0], h)
         for k in range(K):
             bias, emb, state = self.markov_head.step(prev, h[:, k], state)  # [R, N], [R, r]
-            prev = self._to_target((base[:, k] + bias.float()).argmax(dim=-1))  # [R]: Eq. 4, greedy
+            prev = self._to_target(greedy_tokens(base[:, k] + bias.float()))  # [R]: Eq. 4, greedy
             tokens.append(prev)
             embs.append(emb)
         return torch.stack(tokens, dim=-1), torch.stack(embs, dim=1)

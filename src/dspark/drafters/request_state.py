@@ -15,6 +15,7 @@ from torch import Tensor
 from dspark.drafters.common import DecoderDims
 from dspark.drafters.draft_vocab import draft_to_target
 from dspark.protocols import SamplingParams
+from dspark.sampling.argmax import greedy_tokens
 from dspark.sampling.probs import batch_probs
 
 
@@ -122,7 +123,7 @@ def sample_tokens(
     if probs.dim() == 2:
         return sample_tokens(probs.unsqueeze(1), sampling, generators).squeeze(1)
     R, K, _ = probs.shape
-    tokens = probs.argmax(dim=-1)  # [R, K]
+    tokens = greedy_tokens(probs)  # [R, K]
     for r, (params, g) in enumerate(zip(sampling, generators)):
         if not params.greedy and K > 0:
             p = probs[r].float()  # [K, V]
@@ -147,7 +148,7 @@ def draw_drafts(
     and nothing V-wide is built (:class:`~dspark.protocols.DraftBlock`).
     """
     if all(p.greedy for p in sampling):
-        tokens = logits.argmax(dim=-1)  # ties: the lowest id, as sampling/probs.py breaks them
+        tokens = greedy_tokens(logits)  # ties: the lowest id, as sampling/probs.py breaks them
         return (tokens if draft_ids is None else draft_ids[tokens]), None
     squeeze = logits.dim() == 2
     probs = batch_probs(logits.unsqueeze(1) if squeeze else logits, sampling)  # [R, K, N]

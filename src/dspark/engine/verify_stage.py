@@ -24,6 +24,7 @@ from dspark.engine.payoff_drafting import PayoffDrafting
 from dspark.engine.requests import Finish, Request, TokenEvent
 from dspark.protocols import DraftBlock, Drafter, RoundLog
 from dspark.sampling import batch_probs, verify, verify_greedy
+from dspark.sampling.argmax import greedy_tokens
 from dspark.scheduler import ConfidenceEstimator
 from dspark.targets import TargetAdapter
 from dspark.targets.flat import FlatOutput
@@ -80,7 +81,7 @@ class VerifyStage:
                 tokens[i, :n] = block.tokens[drafting[req.id], :n].to(device)
         greedy = [p.greedy for p in params]
         if all(greedy):  # tokens against the logits' argmax: no V-wide rows built
-            result = verify_greedy(tokens, lengths.to(device), out.logits.argmax(dim=-1)[rows])
+            result = verify_greedy(tokens, lengths.to(device), greedy_tokens(out.logits)[rows])
         else:
             target_probs = batch_probs(out.logits[rows], params)  # [R, L+1, V]
             result = verify(

@@ -1,5 +1,7 @@
-"""Sampling: logits → probabilities (probs.py) and lossless verification (rejection.py, SPEC §3)."""
+"""Sampling: logits → probabilities (probs.py), the greedy token (argmax.py) and lossless verification
+(rejection.py, SPEC §3)."""
 
+from dspark.sampling.argmax import greedy_tokens
 from dspark.sampling.probs import batch_probs, process_logits
 from dspark.sampling.rejection import (
     VerifyOutput,
@@ -14,6 +16,7 @@ __all__ = [
     "VerifyOutput",
     "acceptance_probability",
     "batch_probs",
+    "greedy_tokens",
     "process_logits",
     "residual_distribution",
     "sample_inverse_cdf",

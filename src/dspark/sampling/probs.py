@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from dspark.protocols import SamplingParams
+from dspark.sampling.argmax import greedy_tokens
 
 
 def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -63,7 +64,7 @@ def batch_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Ten
 def greedy_one_hot(logits: torch.Tensor) -> torch.Tensor:
     """Greedy "probabilities" ``[..., V]`` fp32: one-hot at the raw logits' argmax (ties: lowest id)."""
     probs = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
-    return probs.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    return probs.scatter_(-1, greedy_tokens(logits).unsqueeze(-1), 1.0)
 
 
 def _process(

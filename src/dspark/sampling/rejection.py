@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dspark.sampling.argmax import greedy_tokens
+
 Generators = list[torch.Generator | None] | torch.Generator | None
 
 
@@ -171,7 +173,7 @@ def verify(
     tokens = torch.where(valid, draft_tokens, 0).unsqueeze(-1)  # [R, K, 1]; padding made safe
     target_at_drafts = target_probs[:, :K]  # [R, K, V]
     if any_greedy and bool(greedy.all()):
-        return verify_greedy(draft_tokens, draft_lengths, target_probs.argmax(dim=-1))
+        return verify_greedy(draft_tokens, draft_lengths, greedy_tokens(target_probs))
 
     # Acceptance test of every draft at once; the prefix logic below keeps the first run.
     accept = torch.zeros(R, K, dtype=torch.bool, device=device)  # [R, K]
@@ -181,7 +183,7 @@ def verify(
         p_d_x = torch.ones_like(p_t_x) if draft_probs is None else draft_probs.gather(-1, tokens).squeeze(-1)
         accept = accept_test(p_t_x, p_d_x.double(), u_accept)
     if any_greedy:
-        matches_argmax = tokens.squeeze(-1) == target_at_drafts.argmax(dim=-1)  # [R, K]
+        matches_argmax = tokens.squeeze(-1) == greedy_tokens(target_at_drafts)  # [R, K]
         accept = torch.where(greedy.unsqueeze(-1), matches_argmax, accept)
     accept = accept & valid
     num_accepted = accept.long().cumprod(dim=-1).sum(dim=-1)  # [R]: length of the accepted prefix
@@ -201,7 +203,7 @@ def verify(
         dist = torch.where((rejected & ~greedy).unsqueeze(-1), residual, p_t_stop)  # [R, V]
     next_tokens = sample_inverse_cdf(dist, u_next)  # [R]
     if any_greedy:
-        next_tokens = torch.where(greedy, p_t_stop.argmax(dim=-1), next_tokens)
+        next_tokens = torch.where(greedy, greedy_tokens(p_t_stop), next_tokens)
     return VerifyOutput(num_accepted=num_accepted, next_tokens=next_tokens)
 
 
