@@ -17,7 +17,10 @@ aged while nobody observes them) against the pooled means, never aged (``greedy`
 rounds verify as far as the bound on the request's later acceptance pays) against rounds
 verifying as far as its mean pays (``short``), with ``fixed`` beside them; ``proposers``: the
 controller as shipped (``both``: n-gram or model per request) against the model drafter
-alone (``model``: ``choose_proposer=False``), with ``fixed`` beside them.
+alone (``model``: ``choose_proposer=False``), with ``fixed`` beside them; ``drain``: the
+controller as shipped (``drain``: accepted drafts valued by ``drain_value`` while the batch
+drains) against every accepted draft valued at ``1/ρ`` (``rho``: ``drain_share_memory=0``),
+with ``fixed`` beside them.
 
     python scripts/bench_floor.py DRAFTER PROMPTS.jsonl[,...] 16,64 [REPEATS] [MODE]
 
@@ -113,6 +116,7 @@ VARIANTS = {
     "explore": ("plain", "fixed", "greedy", "explore"),
     "lengths": ("plain", "fixed", "short", "lengths"),
     "proposers": ("plain", "fixed", "both", "model"),
+    "drain": ("plain", "fixed", "rho", "drain"),
 }.get(MODE, ("plain", "never"))
 params = SamplingParams(temperature=0.0, max_tokens=64)
 for (name, prompts), c in itertools.product(sets.items(), conc):
@@ -141,6 +145,8 @@ for (name, prompts), c in itertools.product(sets.items(), conc):
                 eng.payoff.config = dataclasses.replace(eng.payoff.config, explore=0.0, pool_aging=1.0)
             if variant == "short":
                 eng.payoff.config = dataclasses.replace(eng.payoff.config, explore_lengths=False)
+            if variant == "rho":
+                eng.payoff.config = dataclasses.replace(eng.payoff.config, drain_share_memory=0.0)
             if variant == "naive":
                 eng.payoff.config = dataclasses.replace(eng.payoff.config, realism_strength=0.0)
             NEVER[0] = variant == "never" and MODE == "override"
@@ -158,7 +164,7 @@ for (name, prompts), c in itertools.product(sets.items(), conc):
             d = tot.setdefault(variant, {})
             for k, v in acc.items():
                 d[k] = d.get(k, 0.0) + v
-    if MODE in ("probes", "values", "realism", "explore", "lengths", "proposers"):
+    if MODE in ("probes", "values", "realism", "explore", "lengths", "proposers", "drain"):
         p = tot["plain"]
         for v in VARIANTS[1:]:
             n = tot[v]

@@ -97,6 +97,7 @@ class Engine:
         self._layer_ids = target.feature_layers(drafter.target_layer_ids) if drafter is not None else ()
         self._needs_features = len(self._layer_ids) > 0
         self._queue: deque[Request] = deque()
+        self._batch_job = False  # inside :meth:`generate`: every request submitted at once
         self._active: list[Request] = []  # requests holding a KV slot, in admission order
         self._finished: dict[int, Request] = {}
         self._next_id = 0
@@ -197,8 +198,12 @@ class Engine:
         """Run ``prompts`` to completion as one continuous batch; results in prompt order."""
         params = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         ids = [self.submit(p, sp) for p, sp in zip(prompts, params, strict=True)]
-        while self.has_work():
-            self.step()
+        self._batch_job = True  # the batch takes as long as its last request (payoff's drain value)
+        try:
+            while self.has_work():
+                self.step()
+        finally:
+            self._batch_job = False
         results = [self.pop_result(i) for i in ids]
         failed = next((r for r in results if r.finish_reason == "error"), None)
         if failed is not None:
@@ -219,6 +224,8 @@ class Engine:
             self.kv.allocate(req.id)
             self._active.append(req)
         decoding = [r for r in self._active if self._uncached(r) == 0]
+        if self.payoff is not None:
+            self.payoff.draining = self._batch_job and not self._queue
         prefill = self._plan_prefill()
         if not decoding and not prefill:
             return []

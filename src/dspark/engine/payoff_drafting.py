@@ -23,6 +23,7 @@ tokens it has not seen (timed apart before the call, fitted per call + per token
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -43,6 +44,7 @@ from dspark.scheduler.payoff import (
     PayoffController,
     Realism,
     RoundCosts,
+    drain_value,
     expected_accepted,
     shadow_outcome,
     start_shadows,
@@ -134,6 +136,36 @@ class PayoffDrafting:
         self._quiet: tuple[tuple[int, ...], int, int] | None = None
         self.planned = self.reused = 0  # rounds priced in full / by the last quiet plan
         self.small_batch = SMALL_BATCH  # batches up to this size are priced request by request
+        # Set by the engine each step: every request was submitted at once and none waits for a
+        # slot, so the batch takes as long as its last request (``Engine.generate``)
+        self.draining = False
+        # share of the batch whose drafts would pay at 1/ρ's value, lately (decayed per plan)
+        self.paying_share = 1.0
+        self._round_config: tuple = (None, None)  # ((config, w), the config priced with)
+
+    def round_config(self, num_requests: int, K: int) -> PayoffConfig:
+        """The config a round is priced with: :attr:`config`, with the ``margin`` raised by
+        :func:`~dspark.scheduler.payoff.drain_value` at :attr:`paying_share` while the batch
+        drains (an accepted draft is worth ``1/ρ`` only if the batch drafts together)."""
+        if not (self.draining and self.config.drain_share_memory > 0):
+            return self.config
+        costs = self.costs(num_requests)  # the step line the round is priced with: b = v(1)
+        b = costs.verify_s[1] if len(costs.verify_s) > 1 else 0.0
+        step_s = max(num_requests, 1) / max(costs.tokens_per_s, 1e-12)  # a + b·R
+        a = max(step_s - b * num_requests, 0.0)
+        w = drain_value(a, b, num_requests, self.paying_share)
+        if w >= 1.0 - 1e-12:
+            return self.config
+        key = (self.config, w)
+        if self._round_config[0] != key:
+            self._round_config = (key, dataclasses.replace(self.config, margin=self.config.margin / w))
+        return self._round_config[1]
+
+    def observe_share(self, paying: float) -> None:
+        """Decay :attr:`paying_share` towards this round's share of requests whose drafts would
+        pay at ``1/ρ`` (whatever the round was priced at: no lock-in on its own verdict)."""
+        m = self.config.drain_share_memory
+        self.paying_share = m * self.paying_share + (1.0 - m) * paying
 
     def controller(self) -> PayoffController:
         return PayoffController(config=self.config)

@@ -32,6 +32,7 @@ from dspark.scheduler.payoff import (
     PLAIN,
     AcceptanceRecord,
     Choice,
+    PayoffConfig,
     PayoffController,
     RoundCosts,
     best_length,
@@ -79,7 +80,7 @@ def plan_each(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Choi
 
     Not with ``value_probes`` (:func:`plan_batch` prices a probe's value)."""
     assert not payoff.config.value_probes, "plan_each does not price a probe's value"
-    R, config = len(decoding), payoff.config
+    R, config = len(decoding), payoff.round_config(len(decoding), K)
     costs = payoff.costs(R)
     priors = payoff.priors()
     scales = payoff.scales()
@@ -90,10 +91,12 @@ def plan_each(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Choi
         for name in payoff.proposers
     }
 
-    def best(name: str, i: int, cap: int, draft_s: float, rate=None) -> tuple[float, int]:
+    def best(
+        name: str, i: int, cap: int, draft_s: float, rate=None, margin=config.margin
+    ) -> tuple[float, int]:
         e, q = rate or rates[name][i]  # (e, q) unscaled: the request's own, by default
         e = min(1.0, e * scales.get(name, 1.0))
-        return best_length(e, q, cap, draft_s=draft_s, costs=costs, margin=config.margin)
+        return best_length(e, q, cap, draft_s=draft_s, costs=costs, margin=margin)
 
     lookups: dict[int, list[int]] = {}
     caps: dict[str, list[int]] = {}
@@ -113,6 +116,15 @@ def plan_each(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Choi
         {name: best(name, i, c[i], draft_s[name][i]) for name, c in caps.items() if c[i] >= 1}
         for i in range(R)
     ]
+    at_rho = own  # the gains at 1/ρ's value: the share whose drafts would pay there (drain_value)
+    if config is not payoff.config:
+        m = payoff.config.margin
+        at_rho = [
+            {name: best(name, i, c[i], draft_s[name][i], margin=m) for name, c in caps.items() if c[i] >= 1}
+            for i in range(R)
+        ]
+    if R:
+        payoff.observe_share(sum(max((g for g, _ in o.values()), default=0.0) > 0 for o in at_rho) / R)
     tried = MODEL in payoff.pooled
     call_s = payoff.model_call_s(R) if tried else 0.0
     blocked: tuple[str, ...] = ()
@@ -150,7 +162,7 @@ def plan_each(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Choi
         for name in caps
     }
     unscaled = {name: ([e for e, _ in r], [q for _, q in r]) for name, r in rates.items()}
-    settle(payoff, decoding, choices, table, caps.get(MODEL), unscaled, lookups, blocked, costs)
+    settle(payoff, decoding, choices, table, caps.get(MODEL), unscaled, lookups, blocked, costs, config)
     return choices, lookups
 
 
@@ -158,7 +170,7 @@ def plan_batch(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Cho
     """The round's choices and n-gram lookups, every request's gains computed at once; only the
     requests that may draft or probe this round go through ``decide``, the others just count
     a plain round."""
-    R, config = len(decoding), payoff.config
+    R, config = len(decoding), payoff.round_config(len(decoding), K)
     # requests in their first round, where a drafter trained on response anchors is not asked
     first = [] if payoff.model_after_prompt else [not r.generated for r in decoding]
     costs = payoff.costs(R)
@@ -225,6 +237,19 @@ def plan_batch(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Cho
                 if clock_due.any():
                     i = int(np.argmin(np.where(clock_due, probe_costs[MODEL], np.inf)))
                     probe_values[MODEL][i] = max(probe_values[MODEL][i], public)
+    at_rho = [g for g, _ in gains.values()]  # the gains at 1/ρ's value (drain_value's share)
+    if config is not payoff.config:
+        draft_s = {NGRAM: costs.draft_s.get(NGRAM, 0.0), MODEL: model_s if payoff.model is not None else 0.0}
+        base = payoff.config.margin
+        at_rho = [
+            best_of(
+                batch_net(np.minimum(rates[n][0] * scales.get(n, 1.0), 1.0), rates[n][1], costs, base),
+                caps[n], draft_s[n], costs.tokens_per_s,
+            )[0]
+            for n in gains
+        ]  # fmt: skip
+    if R:
+        payoff.observe_share(float(np.mean(np.max(at_rho, axis=0) > 0)) if at_rho else 0.0)
     blocked: tuple[str, ...] = ()
     if call_s > 0 and MODEL in gains:  # the model's call is shared: does the batch repay it?
         g = {name: g for name, (g, _) in gains.items()}
@@ -267,7 +292,7 @@ def plan_batch(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Cho
             probe_costs=own_probes, probe_values=own_values,
         )  # fmt: skip
         model_tries |= choices[i].proposer == MODEL
-    settle(payoff, decoding, choices, gains, caps.get(MODEL), rates, lookups, blocked, costs)
+    settle(payoff, decoding, choices, gains, caps.get(MODEL), rates, lookups, blocked, costs, config)
     return choices, lookups
 
 
@@ -278,11 +303,13 @@ def explore_lengths(
     caps: Sequence[int],
     rates: tuple[Sequence[float], Sequence[float]],
     costs: RoundCosts,
+    config: PayoffConfig,
 ) -> None:
     """Model rounds (not probes) verify up to :func:`explored_length` (in place): the block is
     drafted whole anyway, and while a request's later rate rests on few trials its bound
-    says a longer prefix may pay, which only verifying it can tell."""
-    config, pooled = payoff.config, MODEL in payoff.pooled
+    says a longer prefix may pay, which only verifying it can tell. ``config``: the round's
+    (:meth:`~dspark.engine.payoff_drafting.PayoffDrafting.round_config`)."""
+    pooled = MODEL in payoff.pooled
     scale = payoff.scales().get(MODEL, 1.0)
     for i, choice in enumerate(choices):
         if choice.proposer != MODEL or choice.probe or choice.length >= caps[i]:
@@ -305,16 +332,17 @@ def settle(
     lookups: dict[int, list[int]],
     blocked: Sequence[str],
     costs: RoundCosts,
+    config: PayoffConfig,
 ) -> None:
     """What every plan does once each request has decided (in place): ``gains`` per proposer
     ``(G [R], ℓ [R])`` (−inf where it cannot propose), the model's caps ``[R]``, the unscaled
-    rates ``(e [R], q [R])`` per proposer."""
+    rates ``(e [R], q [R])`` per proposer; ``config``: the round's."""
     ctrls: list[PayoffController] = [r.payoff for r in decoding]
     if MODEL in blocked:
         join_probe_call(choices, ctrls, gains, MODEL)
     keep_q_observable(choices, model_caps, MODEL)
-    if payoff.config.explore_lengths and model_caps is not None:
-        explore_lengths(payoff, ctrls, choices, model_caps, rates[MODEL], costs)
+    if config.explore_lengths and model_caps is not None:
+        explore_lengths(payoff, ctrls, choices, model_caps, rates[MODEL], costs, config)
     for i, (ctrl, choice) in enumerate(zip(ctrls, choices)):
         ctrl.expecting = None
         if choice.proposer is not None and not choice.probe:

@@ -95,12 +95,18 @@ class PayoffConfig:
     # A model round verifies as far as pays with later drafts accepted at the upper bound of
     # the request's q (same z): q is learnt only where rounds verify (:func:`explored_length`)
     explore_lengths: bool = True
+    # In a batch that drains (every request submitted at once, none left queued), the time
+    # that counts is the last request's: a draft accepted by one request saves the fixed part
+    # of a step only together with the others. An accepted draft is then valued at its row's
+    # seconds plus the fixed part times the share of the batch whose drafts pay at 1/ρ
+    # (:func:`drain_value`); this share's memory per plan (0: 1/ρ's value always)
+    drain_share_memory: float = 0.5
 
     def __post_init__(self) -> None:
         ok = 0 <= self.prior_first <= 1 and 0 <= self.prior_later <= 1 and 0 <= self.memory < 1
         ok = ok and self.prior_strength >= 0 and self.pool_strength >= 0 and self.probe_budget > 0
         ok = ok and self.realism_strength >= 0 and 0 <= self.realism_memory < 1 and self.explore >= 0
-        ok = ok and 0 < self.pool_aging <= 1
+        ok = ok and 0 < self.pool_aging <= 1 and 0 <= self.drain_share_memory < 1
         if not (ok and self.probe_every >= 1 and self.probe_max >= self.probe_every and self.margin > 0):
             raise ValueError(f"bad payoff config {self}")
 
@@ -212,6 +218,26 @@ def upper_rates(pool: AcceptanceRecord, config: PayoffConfig) -> tuple[float, fl
         return e, q
     s = pool.strength(config, pooled=False)  # as in AcceptanceRecord.rates
     return wilson_upper(e, pool.first_tested + s, z), wilson_upper(q, pool.later_tested + s, z)
+
+
+def drain_value(a: float, b: float, num_requests: int, share: float) -> float:
+    """What an accepted draft is worth in a batch that drains, as a fraction of ``1/ρ``.
+
+    A step of ``B`` tokens takes ``t̂(B) = a + b·B``; plain decoding prices a token at
+    ``1/ρ = (a + b·R)/R``, what it is worth while the batch stays full. In a drain the batch
+    takes as long as its last request: a draft accepted by one request saves its own row of
+    a step (``b``), and the fixed part ``a`` only when every request gains together. With a
+    ``share`` of the batch drafting, one accepted draft is valued ``b + share·a/R``:
+
+        w = (b·R + share·a) / (a + b·R)
+
+    1 at ``share = 1`` (the whole batch drafts: ``1/ρ``), ``b·R/(a + b·R)`` at 0. On the tiny
+    target at 16 requests a drain saved 1.38 ms of plain steps per accepted n-gram draft, priced
+    at 1/ρ = 4.16 ms (``scripts/bench_drain.py``; BENCHMARKS.md). One request is the whole batch."""
+    total = a + b * num_requests
+    if num_requests <= 1 or total <= 0:
+        return 1.0
+    return (b * num_requests + min(max(share, 0.0), 1.0) * a) / total
 
 
 def wilson_upper(p: float, n: float, z: float) -> float:

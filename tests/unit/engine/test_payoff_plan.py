@@ -25,6 +25,7 @@ from dspark.scheduler.payoff import (
     PayoffController,
     RoundCosts,
     best_length,
+    drain_value,
     probe_cost,
     probe_value,
     shared_call_pays,
@@ -39,8 +40,12 @@ from .test_engine_drafters import build
 
 
 def reference_plan(payoff: PayoffDrafting, decoding: list[Request], K: int):
-    """The decisions defined request by request: each request's own gains and ``decide``."""
+    """The decisions defined request by request: each request's own gains and ``decide``,
+    priced with the round's config (its margin raised while the batch drains)."""
     payoff.age_pool()  # a new round (tested on its own below)
+    config = payoff.round_config(len(decoding), K)
+    for req in decoding:
+        req.payoff.config = config
     costs = payoff.costs(len(decoding))
     priors = {name: record.rates(payoff.config) for name, record in payoff.pooled.items()}
     scales = payoff.scales()
@@ -81,7 +86,6 @@ def reference_plan(payoff: PayoffDrafting, decoding: list[Request], K: int):
             g[MODEL][0] for g in every_gains if MODEL in g and g[MODEL][0] >= max(v[0] for v in g.values())
         ]
         blocked = () if shared_call_pays(model, call_s, costs.tokens_per_s) else (MODEL,)
-    config = payoff.config
     every_probes, every_values = [], []
     for req, caps, own in zip(decoding, every_caps, every_costs):
         probes, values = {}, {}
@@ -170,6 +174,13 @@ def reference_plan(payoff: PayoffDrafting, decoding: list[Request], K: int):
             req.shadow = (len(req.generated), lookups[req.id])
         if choice.proposer == NGRAM:
             req.shadow = None
+    paying = [  # whose drafts would pay at 1/ρ's value (the base config's margin)
+        max((g for g, _ in PayoffController(config=payoff.config, records=req.payoff.records)
+             .gains(caps, own, priors, scales).values()), default=0.0) > 0
+        for req, caps, own in zip(decoding, every_caps, every_costs)
+    ]  # fmt: skip
+    if decoding:
+        payoff.observe_share(sum(paying) / len(decoding))
     return choices, lookups
 
 
@@ -279,9 +290,11 @@ def test_both_plans_decide_as_each_request_would(target, sps, lazy, measured, af
         )
         payoff.model_after_prompt = after_prompt  # a drafter not asked in a request's first round
         priced(payoff, rng, measured=measured)
+        # a batch that drains, whose share drafting lately is low or high (``drain_value``)
+        payoff.draining, payoff.paying_share = rng.random() < 0.5, rng.choice([0.0, 0.3, 1.0])
         reqs = requests(rng, rng.choice([1, 2, 4, 8, 16]), config)
-        expected_reqs = copy.deepcopy(reqs)
-        expected_choices, expected_lookups = reference_plan(copy.deepcopy(payoff), expected_reqs, 7)
+        expected_reqs, expected_payoff = copy.deepcopy(reqs), copy.deepcopy(payoff)
+        expected_choices, expected_lookups = reference_plan(expected_payoff, expected_reqs, 7)
         for path, small_batch in paths.items():
             got_reqs, got_payoff = copy.deepcopy(reqs), copy.deepcopy(payoff)
             got_payoff.small_batch = small_batch
@@ -290,6 +303,7 @@ def test_both_plans_decide_as_each_request_would(target, sps, lazy, measured, af
                 path,
                 trial,
             )
+            assert got_payoff.paying_share == pytest.approx(expected_payoff.paying_share), (path, trial)
             for got, want in zip(got_reqs, expected_reqs):
                 state = (got.payoff.skipped, got.payoff.interval, got.shadow, got.payoff.expecting)
                 assert state == (
@@ -414,3 +428,43 @@ def test_a_shared_call_is_judged_on_the_pooled_bound_which_ages_while_nobody_dra
     assert aged is not None and aged > 0
     assert first_model_round(1.0) is None
     assert first_model_round(0.95, observe=True) is None
+
+
+def test_a_draining_batch_drafts_together_or_not_at_all(sps):
+    """While a batch drains (``Engine.generate``: nobody queued) an accepted draft is valued by
+    ``drain_value`` at the share of the batch whose drafts would pay at ``1/ρ``: requests
+    whose drafts pay at ``1/ρ`` draft while that share is high, and not once it has fallen
+    (alone, an accepted draft saves its row, ``b``, and a verified one costs as much); the
+    share follows what ``1/ρ`` would say, not what the round was priced at, so a batch that
+    turns predictable drafts together again; a batch that does not drain keeps ``1/ρ``."""
+    config = PayoffConfig(probe_every=64, probe_max=64)
+
+    def plan(draining: bool, share: float, accepted: int) -> tuple[list[str | None], PayoffDrafting]:
+        payoff = PayoffDrafting(
+            NoisyOracleDrafter({}, VOCAB), VOCAB, 7, sps, choose_proposer=False, config=config,
+            draft_costs={MODEL: 0.0},
+        )  # fmt: skip
+        payoff.clock = lambda: 0.0
+        payoff.draining, payoff.paying_share = draining, share
+        reqs = requests(random.Random(3), 8, config)
+        for req in reqs:
+            req.payoff, req.shadow = PayoffController(config=config), None
+            req.max_new = len(req.generated) + 64
+            for _ in range(20):
+                req.payoff.observe(MODEL, 7, accepted)
+        payoff.pooled[MODEL] = copy.deepcopy(reqs[0].payoff.record(MODEL))  # every request tries it
+        return [c.proposer for c in payoff.plan(reqs, 7)[0]], payoff
+
+    _, payoff = plan(True, 0.0, 0)
+    costs = payoff.costs(8)
+    b = costs.verify_s[1]
+    a = 8 / costs.tokens_per_s - 8 * b
+    assert 0.2 < drain_value(a, b, 8, 0.0) < 0.9  # a fair fixed part at 8 requests
+    for accepted, pays in ((0, False), (1, True), (5, True)):
+        assert plan(False, 0.0, accepted)[0] == [MODEL if pays else None] * 8, accepted  # 1/ρ's value
+        assert plan(True, 1.0, accepted)[0] == [MODEL if pays else None] * 8, accepted  # together
+        drafted, low = plan(True, 0.0, accepted)
+        assert drafted == [None] * 8, accepted  # alone a row never repays the verification
+        m = config.drain_share_memory  # ... and the share recovers where 1/ρ says drafting pays
+        assert low.paying_share == pytest.approx((1 - m) * pays), accepted
+    assert plan(True, 0.5, 5)[1].paying_share == pytest.approx(0.5 * m + (1 - m))

@@ -11,6 +11,7 @@ from dspark.scheduler.payoff import (
     Realism,
     RoundCosts,
     best_length,
+    drain_value,
     expected_accepted,
     explored_length,
     probe_cost,
@@ -344,3 +345,19 @@ def test_a_realism_scale_prices_the_first_draft_rate_times_the_factor():
         .proposer
         is None
     )
+
+
+def test_a_drains_value_of_an_accepted_draft_runs_from_its_row_to_one_over_rho():
+    """``drain_value``: ``(b·R + share·a) / (a + b·R)`` of ``1/ρ``: the whole batch drafting
+    (share 1) is ``1/ρ``'s value; nobody else drafting leaves only the request's own row."""
+    a, b, R = 0.028, 0.0016, 16  # the tiny target's step line at 16 requests (seconds)
+    assert drain_value(a, b, R, 1.0) == pytest.approx(1.0)
+    assert drain_value(a, b, R, 0.0) == pytest.approx(b * R / (a + b * R))  # 0.48
+    assert drain_value(a, b, R, 0.5) == pytest.approx((b * R + 0.5 * a) / (a + b * R))
+    shares = [0.0, 0.2, 0.6, 1.0]
+    values = [drain_value(a, b, R, x) for x in shares]
+    assert values == sorted(values) and values[0] < values[-1]
+    assert drain_value(a, b, 4, 0.0) < drain_value(a, b, 64, 0.0)  # the fixed part weighs less at 64
+    assert drain_value(a, b, 1, 0.0) == 1.0  # one request is the whole batch
+    assert drain_value(a, b, R, 7.0) == 1.0 and drain_value(a, b, R, -1.0) == values[0]  # clamped
+    assert drain_value(0.0, 0.0, R, 0.0) == 1.0  # no step line yet
