@@ -52,6 +52,7 @@ cases = {
     f"{R + 7} x 1 (as many tokens)": [1] * (R + 7),
     f"{Q} x 8 (spread) + {R - Q} x 1": [8 if i % (R // Q) == 0 else 1 for i in range(R)],
     f"{R + 7 * Q} x 1 (as many tokens)": [1] * (R + 7 * Q),
+    f"{R // 2} x 8 (spread) + {R - R // 2} x 1": [8 if i % 2 == 0 else 1 for i in range(R)],
     f"{R} x 8": [8] * R,
     f"{R} x 1 again": [1] * R,
 }
