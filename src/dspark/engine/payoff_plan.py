@@ -14,10 +14,13 @@ agree choice for choice:
   cost more than the arithmetic they vectorise: 0.8 ms of a 23 ms step at 4 requests on
   the tiny target (``scripts/bench_floor.py``), a floor of 3.5 % under plain decoding.
 
-Both end in :func:`settle`: a blocked model call that a probe pays anyway is joined,
-model rounds verify two drafts at least and as far as the upper bound of the request's
-later acceptance pays (:func:`explore_lengths`), each real round records what it expects
-(Realism), and the n-gram's shadow evaluations start.
+Both price with the round's config (:meth:`PayoffDrafting.round_config`: while the batch
+drains, an accepted draft is valued by :func:`~dspark.scheduler.payoff.drain_value`, as a
+raised margin) and record the share of requests whose drafts would pay at ``1/ρ``, which
+sets that value for the next rounds. Both end in :func:`settle`: a blocked model call that
+a probe pays anyway is joined, model rounds verify two drafts at least and as far as the
+upper bound of the request's later acceptance pays (:func:`explore_lengths`), each real
+round records what it expects (Realism), and the n-gram's shadow evaluations start.
 """
 
 from __future__ import annotations
