@@ -141,25 +141,21 @@ class PayoffDrafting:
         self.draining = False
         # share of the batch whose drafts would pay at 1/ρ's value, lately (decayed per plan)
         self.paying_share = 1.0
-        self._round_config: tuple = (None, None)  # ((config, w), the config priced with)
 
-    def round_config(self, num_requests: int, K: int) -> PayoffConfig:
-        """The config a round is priced with: :attr:`config`, with the ``margin`` raised by
-        :func:`~dspark.scheduler.payoff.drain_value` at :attr:`paying_share` while the batch
-        drains (an accepted draft is worth ``1/ρ`` only if the batch drafts together)."""
+    def round_config(self, costs: RoundCosts, num_requests: int) -> PayoffConfig:
+        """The config a round priced with ``costs`` uses: :attr:`config`, with the ``margin``
+        raised by :func:`~dspark.scheduler.payoff.drain_value` at :attr:`paying_share` while
+        the batch drains (an accepted draft is worth ``1/ρ`` only if the batch drafts together)."""
         if not (self.draining and self.config.drain_share_memory > 0):
             return self.config
-        costs = self.costs(num_requests)  # the step line the round is priced with: b = v(1)
-        b = costs.verify_s[1] if len(costs.verify_s) > 1 else 0.0
-        step_s = max(num_requests, 1) / max(costs.tokens_per_s, 1e-12)  # a + b·R
-        a = max(step_s - b * num_requests, 0.0)
+        b = costs.verify_s[1] if len(costs.verify_s) > 1 else 0.0  # the step line a + b·R priced with
+        a = max(max(num_requests, 1) / max(costs.tokens_per_s, 1e-12) - b * num_requests, 0.0)
         w = drain_value(a, b, num_requests, self.paying_share)
-        if w >= 1.0 - 1e-12:
-            return self.config
-        key = (self.config, w)
-        if self._round_config[0] != key:
-            self._round_config = (key, dataclasses.replace(self.config, margin=self.config.margin / w))
-        return self._round_config[1]
+        return (
+            self.config
+            if w >= 1.0 - 1e-12
+            else dataclasses.replace(self.config, margin=self.config.margin / w)
+        )
 
     def observe_share(self, paying: float) -> None:
         """Decay :attr:`paying_share` towards this round's share of requests whose drafts would

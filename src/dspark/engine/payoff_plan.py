@@ -83,8 +83,9 @@ def plan_each(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Choi
 
     Not with ``value_probes`` (:func:`plan_batch` prices a probe's value)."""
     assert not payoff.config.value_probes, "plan_each does not price a probe's value"
-    R, config = len(decoding), payoff.round_config(len(decoding), K)
+    R = len(decoding)
     costs = payoff.costs(R)
+    config = payoff.round_config(costs, R)
     priors = payoff.priors()
     scales = payoff.scales()
     ctrls = [r.payoff for r in decoding]
@@ -173,10 +174,11 @@ def plan_batch(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Cho
     """The round's choices and n-gram lookups, every request's gains computed at once; only the
     requests that may draft or probe this round go through ``decide``, the others just count
     a plain round."""
-    R, config = len(decoding), payoff.round_config(len(decoding), K)
+    R = len(decoding)
     # requests in their first round, where a drafter trained on response anchors is not asked
     first = [] if payoff.model_after_prompt else [not r.generated for r in decoding]
     costs = payoff.costs(R)
+    config = payoff.round_config(costs, R)
     priors = payoff.priors()
     scales = payoff.scales()
     ctrls = [r.payoff for r in decoding]

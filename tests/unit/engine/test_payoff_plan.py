@@ -43,10 +43,10 @@ def reference_plan(payoff: PayoffDrafting, decoding: list[Request], K: int):
     """The decisions defined request by request: each request's own gains and ``decide``,
     priced with the round's config (its margin raised while the batch drains)."""
     payoff.age_pool()  # a new round (tested on its own below)
-    config = payoff.round_config(len(decoding), K)
+    costs = payoff.costs(len(decoding))
+    config = payoff.round_config(costs, len(decoding))
     for req in decoding:
         req.payoff.config = config
-    costs = payoff.costs(len(decoding))
     priors = {name: record.rates(payoff.config) for name, record in payoff.pooled.items()}
     scales = payoff.scales()
 
