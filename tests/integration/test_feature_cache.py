@@ -356,3 +356,45 @@ def test_pieces_are_shared_between_processes(target, records, fp32_cache, tmp_pa
     build_cache_in_pieces(owner, records, root, FP32, piece_samples=5, poll_s=0.01)
     assert owner.calls == 5
     _same_samples(root, fp32_cache)
+
+
+def test_a_process_arriving_while_another_lays_the_folder_out_joins_it(
+    target_dir, target, records, tmp_path, monkeypatch
+):
+    """The second of two processes started together waits for the first to write build.json,
+    then writes pieces beside it; it used to read build.json too early and give up (CI, stop 31)."""
+    import threading
+
+    from dspark.data import cache_pieces
+
+    root = tmp_path / "together"
+    waiting = threading.Event()
+    held, clear = cache_pieces._held, cache_pieces._clear_folder
+    second: dict = {}
+    own_target = TargetAdapter.from_pretrained(target_dir)  # a process has its own model
+
+    def note_the_wait(path):
+        if threading.current_thread().name == "second" and path.name == "setup.lock":
+            waiting.set()
+        return held(path)
+
+    def second_arrives_meanwhile(folder):  # the first process, laying the folder out
+        def run():
+            try:
+                second["result"] = cache_pieces.build_cache_in_pieces(
+                    own_target, records, root, FP32, piece_samples=5, wait_for_others=False
+                )
+            except Exception as e:  # noqa: BLE001 - reported by the assertion below
+                second["error"] = e
+
+        second["thread"] = threading.Thread(target=run, name="second")
+        second["thread"].start()
+        waiting.wait(timeout=60)
+        clear(folder)
+
+    monkeypatch.setattr(cache_pieces, "_held", note_the_wait)
+    monkeypatch.setattr(cache_pieces, "_clear_folder", second_arrives_meanwhile)
+    manifest = cache_pieces.build_cache_in_pieces(target, records, root, FP32, piece_samples=5)
+    second["thread"].join(timeout=120)
+    assert waiting.is_set() and "error" not in second, second.get("error")
+    assert manifest["pieces"] == 3 and len(FeatureCache.open(root)) == len(records)

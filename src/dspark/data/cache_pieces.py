@@ -21,11 +21,12 @@ cleared by the first process to come, and refused by any other while that one wr
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import shutil
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -80,23 +81,28 @@ def build_cache_in_pieces(
         "shard_bytes": config.shard_bytes,
     }
     pieces = root / PIECES
-    with WriterLock(pieces, "a cache build of other records", shared=True) as lock:
-        if _read_json(pieces / "build.json") != json.loads(json.dumps(identity)):
-            if not lock.alone:
-                raise DsparkError(f"another process is building another cache in {root}; wait for it")
-            _clear_folder(root)
-            shutil.rmtree(pieces, ignore_errors=True)
-            shutil.rmtree(root / "claims", ignore_errors=True)
-            pieces.mkdir()
-            _write_atomic(pieces / "build.json", (json.dumps(identity, indent=1) + "\n").encode())
-        elif (root / MANIFEST).is_file():
-            return json.loads((root / MANIFEST).read_text())
+    with contextlib.ExitStack() as stack:
+        # One process at a time looks at build.json and then joins the writers, so every
+        # other writer has already passed this check: one that is there builds these inputs,
+        # or another build that must not be cleared under it. (Checked outside this lock, a
+        # second process could read build.json before the first had written it: CI, stop 31.)
+        with _held(root / "setup.lock"):
+            lock = stack.enter_context(WriterLock(pieces, "a cache build of other records", shared=True))
+            if _read_json(pieces / "build.json") != json.loads(json.dumps(identity)):
+                if not lock.alone:
+                    raise DsparkError(f"another process is building another cache in {root}; wait for it")
+                _clear_folder(root)
+                shutil.rmtree(pieces, ignore_errors=True)
+                shutil.rmtree(root / "claims", ignore_errors=True)
+                pieces.mkdir()
+                _write_atomic(pieces / "build.json", (json.dumps(identity, indent=1) + "\n").encode())
+            elif (root / MANIFEST).is_file():
+                return json.loads((root / MANIFEST).read_text())
 
         started = time.perf_counter()
         if not _write_pieces(target, job, root, count, piece_samples, wait_for_others, poll_s):
             return None
-        with open(root / "merge.lock", "a") as merging:  # one process writes index and manifest
-            fcntl.flock(merging, fcntl.LOCK_EX)
+        with _held(root / "merge.lock"):  # one process writes index and manifest
             if not (root / MANIFEST).is_file():
                 parts = [json.loads(_piece(root, k).read_text()) for k in range(count)]
                 header = job.header(target, source, world_size=1, seconds=time.perf_counter() - started)
@@ -140,6 +146,14 @@ def _write_pieces(
     finally:
         bar.close()
         claims.close()
+
+
+@contextlib.contextmanager
+def _held(path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path``, waited for; the kernel drops it if the holder dies."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def _piece(root: Path, k: int) -> Path:
