@@ -105,6 +105,7 @@ def plan_each(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Choi
     lookups: dict[int, list[int]] = {}
     caps: dict[str, list[int]] = {}
     d_ngram = costs.draft_s.get(NGRAM, 0.0)
+    hopeless: list[bool] = []  # per request: the n-gram could not pay even with a whole block
     if payoff.ngram is not None:
         hopeless = [best(NGRAM, i, n, d_ngram)[0] <= 0 for i, n in enumerate(budget)]
         lookups = payoff._lookups(decoding, budget, hopeless)
@@ -142,6 +143,8 @@ def plan_each(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Choi
                     top.append(b)
         blocked = () if shared_call_pays(top, call_s, costs.tokens_per_s) else (MODEL,)
     choices, model_tries = [], False
+    skipped = [c.skipped for c in ctrls]  # before this round's decisions count it
+    model_probes = []  # probe_cost with the model per request
     for i, ctrl in enumerate(ctrls):
         own_caps = {name: c[i] for name, c in caps.items()}
         gains = own[i]
@@ -152,6 +155,7 @@ def plan_each(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Choi
                 min(1.0, e * scales.get(MODEL, 1.0)), q, config.probe_length, draft_s=model_s[i],
                 call_s=call_s, costs=costs, margin=config.margin,
             )  # fmt: skip
+            model_probes.append(probes[MODEL])
             if not tried and model_tries:  # one request at a time tries the model (see plan_batch)
                 own_caps[MODEL] = 0
                 gains = {n: g for n, g in gains.items() if n != MODEL}
@@ -166,8 +170,32 @@ def plan_each(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Choi
         for name in caps
     }
     unscaled = {name: ([e for e, _ in r], [q for _, q in r]) for name, r in rates.items()}
+    first = MODEL in caps and not payoff.model_after_prompt and not all(r.generated for r in decoding)
+    if R and not first and all(c.proposer is None for c in choices) and all(hopeless):
+        # as plan_batch: every request decodes plainly and the n-gram could not pay even with
+        # a whole block, so the next rounds may keep this plan while no probe falls due
+        margin = quiet_margin(
+            {name: np.asarray(g) for name, (g, _) in table.items()},
+            probeable=[n for n in table if n != NGRAM],
+            blocked=blocked,
+            skipped=np.asarray(skipped, dtype=np.int64),
+            interval=np.array([c.interval or c.config.probe_every for c in ctrls], dtype=np.int64),
+            probe_costs={MODEL: np.asarray(model_probes)} if model_probes else None,
+            config=config,
+        )  # fmt: skip
+        hold_quiet(payoff, decoding, K, margin)
     settle(payoff, decoding, choices, table, caps.get(MODEL), unscaled, lookups, blocked, costs, config)
     return choices, lookups
+
+
+def hold_quiet(payoff: PayoffDrafting, decoding: list, K: int, margin: np.ndarray) -> None:
+    """Let the next rounds reuse this plan (:meth:`PayoffDrafting._quiet_round`) for as long as
+    every request stays quiet (``margin`` ``[R]``: :func:`quiet_margin`), at most ``QUIET_REPLAN``
+    rounds in all. For a plan in which every request decodes plainly and the n-gram could not
+    pay even with a whole block (so only due lookups run)."""
+    rounds = min(QUIET_REPLAN - 1, int(margin.min())) if len(decoding) else 0
+    if rounds > 0:
+        payoff._quiet = (tuple(r.id for r in decoding), K, rounds)
 
 
 def plan_batch(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Choice], dict[int, list[int]]]:
@@ -272,12 +300,9 @@ def plan_batch(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Cho
         config=config,
     )  # [R]
     quiet = margin >= 0
-    # Every request decodes plainly, the n-gram could not pay even with a whole block (so
-    # only due lookups run), and no probe falls due for a while: the next rounds keep this.
-    rounds = min(QUIET_REPLAN - 1, int(margin.min())) if R else 0
     # (a request in its first round may draft with the model in its next: price that one)
-    if rounds > 0 and ngram_hopeless and not any(first):
-        payoff._quiet = (tuple(r.id for r in decoding), K, rounds)
+    if ngram_hopeless and not any(first):
+        hold_quiet(payoff, decoding, K, margin)
     choices = [PLAIN] * R
     for i in np.flatnonzero(quiet).tolist():
         ctrls[i].skipped += 1

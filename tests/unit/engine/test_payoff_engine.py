@@ -325,16 +325,17 @@ def test_a_lazy_drafters_first_proposal_absorbs_the_prompt_apart(target, sps, na
     assert max(absorbed) >= min(len(p) for p in prompts) - 1  # a whole prompt, on the catch-up line
 
 
+@pytest.mark.parametrize("small_batch", [0, 64], ids=["batch-plan", "per-request-plan"])
 @pytest.mark.parametrize("after_prompt", [True, False])
 @pytest.mark.parametrize("choose_proposer", [False, True])
 def test_a_batch_that_decodes_plainly_reuses_its_plan_with_the_same_decisions(
-    target, sps, monkeypatch, choose_proposer, after_prompt
+    target, sps, monkeypatch, choose_proposer, after_prompt, small_batch
 ):
     """While every request decodes plainly and no probe can fall due, the next rounds reuse the
     plan (``QUIET_REPLAN``) instead of pricing the batch again: the same choices round by round,
     probes included, the same output, and most rounds not priced — also as requests join, for
-    a drafter that is not asked in their first round. (The batch plan's reuse: a batch this
-    small is otherwise priced request by request, cheaply, every round.)"""
+    a drafter that is not asked in their first round. Both plans reuse (``small_batch``: the
+    batch plan at any size, or the per-request one at every size here).)"""
     import dspark.engine.payoff_plan as payoff_plan
 
     prompts = make_prompts(6, seed=41, min_len=12)
@@ -350,7 +351,7 @@ def test_a_batch_that_decodes_plainly_reuses_its_plan_with_the_same_decisions(
         )
         # short probe waits, so that probes fall due at every phase of the reused plans
         engine.payoff.config = PayoffConfig(probe_every=3, probe_max=12, probe_budget=0.3)
-        engine.payoff.small_batch = 0
+        engine.payoff.small_batch = small_batch
         decisions = []
         plan = engine.payoff.plan
 
