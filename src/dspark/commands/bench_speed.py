@@ -171,7 +171,8 @@ def add_bench_matrix_args(p: argparse.ArgumentParser) -> None:
         help="run plain decoding and every method in turn this many times per cell and sum their "
         "seconds (a drifting machine load then weighs on baseline and methods alike); each repeat "
         "ends with plain decoding again, whose disagreement with the first is printed as the "
-        "cell's noise (A/A)",
+        "cell's noise (A/A); each cell's speedup is printed ± the standard error of its repeats' "
+        "speedups",
     )
     p.add_argument("--json", action="store_true", help="print the cells and the goal check as JSON")
 
@@ -198,7 +199,7 @@ def main_bench_matrix(args: argparse.Namespace) -> int:
     def show(cell) -> None:
         print(
             f"{cell.prompt_set[-20:]:<20} {cell.drafter:<8} c={cell.concurrency:<3} {cell.method:<8} "
-            f"{cell.speedup:6.3f}x (wall {cell.wall_speedup:.3f}x)  τ {cell.tau:.2f}  "
+            f"{cell.speedup:6.3f}x ±{cell.spread:.3f} (wall {cell.wall_speedup:.3f}x)  τ {cell.tau:.2f}  "
             f"drafted {cell.drafted_share:.0%}  "
             f"identical {cell.identical}  plain A/A {cell.noise:.1%}",
             file=sys.stderr,
@@ -240,7 +241,8 @@ def main_bench_matrix(args: argparse.Namespace) -> int:
         print(
             f"payoff cells: {check['cells']}, min {check['min_speedup']:.3f}x plain; "
             f"below 0.97x: {len(check['below_floor'])} (by more than plain's A/A spread: "
-            f"{len(check['below_floor_beyond_noise'])}); below 95% of the best static where it pays: "
+            f"{len(check['below_floor_beyond_noise'])}, by more than two standard errors of their repeats: "
+            f"{len(check['below_floor_beyond_spread'])}); below 95% of the best static where it pays: "
             f"{len(check['below_95pct_of_best_static'])}; greedy identical everywhere: "
             f"{check['all_identical']}"
         )

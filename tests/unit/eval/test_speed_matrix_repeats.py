@@ -55,3 +55,29 @@ def test_each_repeat_ends_with_plain_decoding_again_as_an_a_a_control(monkeypatc
     check = goals([cell_at("a", 0.90, 0.10), cell_at("b", 0.90, 0.02), cell_at("c", 0.99, 0.0)])
     assert len(check["below_floor"]) == 2 and len(check["below_floor_beyond_noise"]) == 1
     assert check["max_noise"] == pytest.approx(0.10)
+
+
+def test_a_cell_reports_how_far_its_own_repeats_scatter(monkeypatch):
+    """``spread``: the standard error of the method's speedup over the repeats, each repeat against
+    its own plain and control runs; a cell below the floor by more than two of them is counted."""
+    from dspark.eval import speed_matrix as sm
+    from dspark.eval.speed_matrix import Cell, goals, speed_matrix
+
+    # plain, payoff, control per repeat: payoff 0.9x then 1.1x of its repeat's plain pair
+    speeds = iter([100.0, 90.0, 100.0, 100.0, 110.0, 100.0])
+
+    def decode(engine, prompts, max_tokens):
+        return run(10 / next(speeds), 10, [[1, 2]])
+
+    monkeypatch.setattr(sm, "_decode", decode)
+    monkeypatch.setattr(sm, "Engine", lambda target, drafter, config: type("E", (), {"drafter": drafter}))
+    target = SimpleNamespace(max_context=512)
+    (cell,) = speed_matrix(target, {"set": [[1, 2, 3]]}, {"d": object()}, [1], static=(), repeats=2)
+    assert cell.noise == pytest.approx(0.0)  # plain agreed with itself
+    assert cell.spread == pytest.approx(0.1)  # ratios 0.9 and 1.1: sd 0.141, over sqrt(2)
+
+    def cell_at(drafter, speedup, spread):
+        return Cell("s", drafter, 1, "payoff", 1.0, speedup, speedup, 1.0, 0.0, True, spread=spread)
+
+    check = goals([cell_at("a", 0.90, 0.05), cell_at("b", 0.90, 0.02), cell_at("c", 0.99, 0.0)])
+    assert check["below_floor_beyond_spread"] == [("s", "b", 1)]
