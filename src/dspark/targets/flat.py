@@ -9,9 +9,10 @@ The engine's verification step sends, per request, its anchor and its scheduled 
 - **Attention per group of runs.** Attention is the only place where requests must not
   see each other. A registered HF attention function (``"dspark_flat"``, active only
   inside :func:`flat_forward`) writes each new token's keys/values into the request's
-  slot of a preallocated :class:`KVStore`, then attends group by group: short runs
-  (decode) form one group padded to the longest run, every long run (a prefill chunk) is
-  a group of its own. The mask is causal on absolute positions, so stale entries past a
+  slot of a preallocated :class:`KVStore`, then attends group by group: single-token runs
+  (decode) form one group, short multi-token runs (verification) another, padded to their
+  longest run (one group for both where that pads at most 2×), and every long run (a
+  prefill chunk) is a group of its own. The mask is causal on absolute positions, so stale entries past a
   request's length (rejected drafts) are never read: they lie at positions the next run
   overwrites before its attention reads them.
 - **Zero-copy reads.** The store is ``[slots, kv_heads, capacity, head_dim]`` per layer
@@ -39,6 +40,11 @@ from dspark.errors import UnsupportedTargetError
 from dspark.targets.adapter import TargetAdapter
 
 ATTENTION_NAME = "dspark_flat"
+# Decode and verification runs attend as one group while it pads to at most this many times
+# their rows (FlatStep.build). At 3, one request verifying 8 beside 3 decoding (32 rows for 11)
+# was 6-8 % slower as one group; at 2 no case measured lost more than 1.5 %, from 4 to 64
+# requests (``scripts/bench_flat_groups.py``)
+MERGE_PADDING = 2.0
 
 
 class KVStore:
@@ -152,10 +158,14 @@ class FlatStep:
         """Lay out ``runs`` (in flattened order); runs longer than ``short_run`` attend alone.
 
         Single-token runs (plain decoding) and short multi-token runs (verification) attend in
-        two groups: in one, every row would be padded to the longest run, and one request
-        verifying 8 tokens among 63 decoding made the tiny target's whole step 1.6× slower
-        for 11 % more tokens (``scripts/bench_ragged_step.py``, BENCHMARKS.md). Index tensors
-        are built on the store's device.
+        two groups where one would pad too much: every row of a group is padded to its
+        longest run, and one request verifying 8 tokens among 63 decoding made the tiny
+        target's whole step 1.6× slower for 11 % more tokens (``scripts/bench_ragged_step.py``,
+        BENCHMARKS.md). Where one group holds at most ``MERGE_PADDING`` times the real rows,
+        they attend together: a second group is a second attention call per layer, and
+        spread over the slots both groups read the whole slot range (half of 16 or 64
+        requests verifying 8: the step 0.80-0.83× of the two groups' time;
+        ``scripts/bench_flat_groups.py``). Index tensors are built on the store's device.
         """
         assert runs, "a step needs at least one run"
         slots, positions, offsets = [], [], []
@@ -170,11 +180,23 @@ class FlatStep:
             offset += run.length
         device = store.k.device
         groups = [_build_group([(r, o)], device) for r, o in zip(runs, offsets) if r.length > short_run]
-        for lo, hi in ((1, 1), (2, short_run)):
-            members = [(r, o) for r, o in zip(runs, offsets) if lo <= r.length <= hi]
-            if members:
-                groups.append(_build_group(members, device))
+        decode = [(r, o) for r, o in zip(runs, offsets) if r.length == 1]
+        verify = [(r, o) for r, o in zip(runs, offsets) if 2 <= r.length <= short_run]
+        real = len(decode) + sum(r.length for r, _ in verify)
+        if decode and verify and _padded_rows(decode + verify) <= MERGE_PADDING * real:
+            groups.append(_build_group(decode + verify, device))
+        else:
+            groups += [_build_group(members, device) for members in (decode, verify) if members]
         return cls(store, torch.tensor(slots, device=device), torch.tensor(positions, device=device), groups)
+
+
+def _padded_rows(members: list[tuple[Run, int]]) -> int:
+    """Query rows one group over ``members`` attends with: its rows (slot span or count, as
+    :func:`_build_group` lays them out) times its longest run."""
+    slots = [run.slot for run, _ in members]
+    span = max(slots) - min(slots) + 1
+    rows = span if span <= 2 * len(slots) else len(slots)
+    return rows * max(run.length for run, _ in members)
 
 
 def _build_group(members: list[tuple[Run, int]], device: torch.device) -> _Group:

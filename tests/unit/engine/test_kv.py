@@ -53,9 +53,10 @@ def test_flat_forward_equals_hf_forward(request, family):
 
 @pytest.mark.parametrize("family", ["tiny_qwen3", "tiny_gemma3"])
 def test_decoding_and_verifying_runs_attend_apart_over_sparse_slots(request, family):
-    """Single-token runs and short multi-token runs form two groups (no row padded to another
-    request's verification), and a group whose slots are sparse gathers them instead of
-    spanning the range with dummy rows; the logits stay the plain forward's."""
+    """Single-token runs and short multi-token runs form two groups where one would pad too
+    much (no row padded to another request's verification), and a group whose slots are
+    sparse gathers them instead of spanning the range with dummy rows; the logits stay the
+    plain forward's."""
     target = TargetAdapter(request.getfixturevalue(family))
     store = KVStore.for_target(target, num_slots=8, capacity=64)
     g = torch.Generator().manual_seed(1)
@@ -75,6 +76,35 @@ def test_decoding_and_verifying_runs_attend_apart_over_sparse_slots(request, fam
             assert shapes == [(2, 6), (4, 1)]  # slots 2-5 decode; slots 0 and 7 (sparse) verify
             sparse = next(group for group in step.groups if group.gather.shape == (2, 6))
             assert torch.equal(sparse.slots, torch.tensor([0, 7]))
+
+
+@pytest.mark.parametrize("family", ["tiny_qwen3", "tiny_gemma3"])
+def test_decoding_and_verifying_runs_attend_together_where_padding_is_cheap(request, family):
+    """Where one group pads to at most ``MERGE_PADDING`` times the real rows, decoding and
+    verifying runs attend as one group (a second attention call per layer costs more than a
+    few padded rows); the logits stay the plain forward's, the padded rows masked off."""
+    from dspark.targets.flat import MERGE_PADDING
+
+    target = TargetAdapter(request.getfixturevalue(family))
+    store = KVStore.for_target(target, num_slots=4, capacity=64)
+    g = torch.Generator().manual_seed(2)
+    seqs = [torch.randint(3, 128, (n,), generator=g) for n in (30, 24, 26, 28)]
+    refs = [reference_logits(target, s) for s in seqs]
+    done, slots = [0] * 4, [0, 1, 2, 3]
+    # a prefill, then steps in which two requests verify 3 tokens beside two decoding, then one 12
+    for chunk in ([12, 10, 11, 12], [3, 1, 3, 1], [1, 1, 1, 1], [1, 12, 1, 1]):
+        runs = [Run(slot=slots[r], start=done[r], length=n) for r, n in enumerate(chunk)]
+        step = FlatStep.build(store, runs)
+        out, who = run_step(target, store, seqs, done, chunk, slots)
+        for i, (r, p) in enumerate(who):
+            torch.testing.assert_close(out.logits[i], refs[r][p], atol=2e-5, rtol=1e-4)
+        shapes = sorted(tuple(group.gather.shape) for group in step.groups)
+        if chunk == [3, 1, 3, 1]:  # 12 padded rows for 8 real ones: one group
+            assert shapes == [(4, 3)]
+        if chunk == [1, 12, 1, 1]:  # 48 padded rows for 15 real ones: apart
+            assert MERGE_PADDING * 15 < 4 * 12 and shapes == [(1, 12), (4, 1)]
+        if chunk == [3, 1, 3, 1]:
+            assert MERGE_PADDING * 8 >= 4 * 3
 
 
 def test_features_equal_the_adapters(tiny_qwen3):
