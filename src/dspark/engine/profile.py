@@ -22,7 +22,7 @@ import torch
 from dspark.engine.payoff_drafting import pricing_clock
 from dspark.scheduler import SpsTable, default_sizes, measure_sps
 from dspark.targets import TargetAdapter
-from dspark.targets.flat import KVStore, Run, flat_forward
+from dspark.targets.flat import MERGE_PADDING, KVStore, Run, flat_forward
 from dspark.user_cache import sps_dir
 
 logger = logging.getLogger(__name__)
@@ -70,6 +70,8 @@ def profile_key(target: TargetAdapter, *, num_slots: int, block_size: int, conte
         "block_size": block_size,
         "context": context,
         "clock": profile_clock(target)[0],
+        # how a step's runs attend (targets/flat.py): a table of another layout prices other steps
+        "merge_padding": MERGE_PADDING,
     }
 
 
