@@ -282,7 +282,7 @@ class Engine:
         s.max_forward_tokens = max(s.max_forward_tokens, len(ids))
         s.step_s += time.perf_counter() - started
         if self.payoff is not None and not prefill:
-            self.payoff.observe_step(num_decode_rows, self.payoff.clock() - priced_started)
+            self.payoff.observe_step(num_decode_rows, self.payoff.clock() - priced_started, len(decoding))
         return events
 
     # -- admission, prefill and finish -------------------------------------------------

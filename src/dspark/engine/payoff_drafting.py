@@ -148,7 +148,9 @@ class PayoffDrafting:
         the batch drains (an accepted draft is worth ``1/ρ`` only if the batch drafts together)."""
         if not (self.draining and self.config.drain_share_memory > 0):
             return self.config
-        b = costs.verify_s[1] if len(costs.verify_s) > 1 else 0.0  # the step line a + b·R priced with
+        b = costs.request_s  # the plain step a + b·R priced with
+        if b is None:
+            b = costs.verify_s[1] if len(costs.verify_s) > 1 else 0.0
         a = max(max(num_requests, 1) / max(costs.tokens_per_s, 1e-12) - b * num_requests, 0.0)
         w = drain_value(a, b, num_requests, self.paying_share)
         return (
@@ -175,7 +177,8 @@ class PayoffDrafting:
             if self.model_line.observed:
                 draft_s[MODEL] = self.model_split(R)[1] + self.draft_s.get(UPDATE, 0.0)
         verify_s, rho = self.step_times.prices(R, self.block_size)
-        return RoundCosts(verify_s=verify_s, tokens_per_s=rho, draft_s=draft_s)
+        request_s = self.step_times.step_model(R, self.block_size)[1] if self.step_times.line.w else None
+        return RoundCosts(verify_s=verify_s, tokens_per_s=rho, draft_s=draft_s, request_s=request_s)
 
     def model_split(self, num_requests: int) -> tuple[float, float]:
         """The model drafter's ``(seconds per call, seconds per request)``; while its calls
@@ -214,15 +217,16 @@ class PayoffDrafting:
             return 0.0
         return self.model_split(num_requests)[0]
 
-    def observe_step(self, num_tokens: int, seconds: float) -> None:
-        """An engine step without prefill rows, over ``num_tokens`` decode/verification rows, took
-        ``seconds`` (on :attr:`clock`): all of it but the model drafter's calls and updates
-        (priced as drafting) is what a step of that size costs — the forward, and also
-        the sampling, verification and bookkeeping around it."""
+    def observe_step(self, num_tokens: int, seconds: float, num_requests: int | None = None) -> None:
+        """An engine step without prefill rows, over ``num_tokens`` decode/verification rows of
+        ``num_requests`` requests (default: one row each), took ``seconds`` (on :attr:`clock`):
+        all of it but the model drafter's calls and updates (priced as drafting) is what a step
+        of that shape costs — the forward, and also the sampling, verification and
+        bookkeeping around it."""
         seconds -= self.model_step_s
         self.model_step_s = 0.0
         if self.fixed_costs is None:
-            self.step_times.observe(num_tokens, seconds)
+            self.step_times.observe(num_tokens, seconds, num_requests)
 
     def start_step(self) -> None:
         self.model_step_s = 0.0

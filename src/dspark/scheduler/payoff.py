@@ -118,6 +118,9 @@ class RoundCosts:
     verify_s: tuple[float, ...]  # v(ℓ), ℓ = 0..K: seconds verifying ℓ drafts per request adds
     tokens_per_s: float  # ρ: plain decoding's rate at this batch (all requests together)
     draft_s: Mapping[str, float]  # d_p: drafting seconds per request, per proposer
+    # c: seconds one more plainly decoding request adds to a step (``StepTimes.step_model``);
+    # None: ``verify_s[1]``, the price of a row whoever runs it
+    request_s: float | None = None
 
 
 @dataclass

@@ -93,6 +93,77 @@ def fit_line(
     return min(candidates, key=sse)
 
 
+@dataclass
+class DecayedPlane:
+    """Decayed sufficient statistics of points ``(x1, x2, y)`` for a least-squares plane."""
+
+    memory: float = 0.95
+    m: list[list[float]] = field(default_factory=lambda: [[0.0] * 4 for _ in range(4)])  # Σ w z zᵀ
+
+    def observe(self, x1: float, x2: float, y: float) -> None:
+        z = (1.0, x1, x2, y)  # [1, x1, x2, y]: the moments of the normal equations
+        for i in range(4):
+            row = self.m[i]
+            for j in range(4):
+                row[j] = self.memory * row[j] + z[i] * z[j]
+
+    @property
+    def w(self) -> float:
+        return self.m[0][0]
+
+
+def fit_plane(
+    plane: DecayedPlane, prior: Sequence[tuple[float, float, float]] = (), prior_weight: float = 0.0
+) -> tuple[float, float, float]:
+    """``(a, c, b)``: the least-squares ``y ≈ a + c·x1 + b·x2`` with every coefficient ``>= 0``,
+    over ``plane``'s points and ``prior`` points of total weight ``prior_weight`` (they keep a
+    direction the points do not span at the prior's slope). The best of the non-negative
+    solutions over every subset of the three coefficients (the constrained optimum is one)."""
+    m = [row[:] for row in plane.m]
+    pw = prior_weight / len(prior) if prior else 0.0
+    for x1, x2, y in prior:
+        z = (1.0, x1, x2, y)
+        for i in range(4):
+            for j in range(4):
+                m[i][j] += pw * z[i] * z[j]
+    if m[0][0] <= 0:
+        return 0.0, 0.0, 0.0
+    best, best_sse = (0.0, 0.0, 0.0), m[3][3]  # all zero: SSE = Σ w y²
+    for subset in ((0, 1, 2), (0, 1), (0, 2), (1, 2), (0,), (1,), (2,)):
+        coef = _solve([[m[i][j] for j in subset] for i in subset], [m[i][3] for i in subset])
+        if coef is None or min(coef) < 0:
+            continue
+        full = [0.0, 0.0, 0.0]
+        for i, v in zip(subset, coef):
+            full[i] = v
+        # Σ w (y − βᵀz)² = Σ w y² − 2 βᵀ Σ w z y + βᵀ (Σ w z zᵀ) β
+        sse = m[3][3] - 2 * sum(full[i] * m[i][3] for i in range(3))
+        sse += sum(full[i] * full[j] * m[i][j] for i in range(3) for j in range(3))
+        if sse < best_sse - 1e-18:
+            best, best_sse = (full[0], full[1], full[2]), sse
+    return best
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """``a x = b`` by Gaussian elimination with partial pivoting; None if (nearly) singular."""
+    n = len(b)
+    rows = [r[:] + [v] for r, v in zip(a, b)]
+    scale = max(abs(v) for r in a for v in r) or 1.0
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(rows[r][col]))
+        if abs(rows[pivot][col]) <= 1e-12 * scale:
+            return None
+        rows[col], rows[pivot] = rows[pivot], rows[col]
+        for r in range(col + 1, n):
+            f = rows[r][col] / rows[col][col]
+            for k in range(col, n + 1):
+                rows[r][k] -= f * rows[col][k]
+    x = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        x[r] = (rows[r][n] - sum(rows[r][k] * x[k] for k in range(r + 1, n))) / rows[r][r]
+    return x
+
+
 @functools.lru_cache(maxsize=256)
 def prior_sizes(lo: int, hi: int) -> tuple[int, ...]:
     """Up to 8 sizes spread evenly over ``lo..hi``: where :meth:`StepTimes.fit` puts its prior."""
@@ -102,26 +173,33 @@ def prior_sizes(lo: int, hi: int) -> tuple[int, ...]:
 
 @dataclass
 class StepTimes:
-    """Observed forward seconds fitted affine in the step's rows, over a profile prior."""
+    """Observed step seconds fitted affine in the step's rows, over a profile prior, and
+    separately in its requests and their extra (verification) rows."""
 
     profile: SpsTable
     memory: float = 0.95  # weight of the past per observation (~20 steps)
     prior_weight: float = 2.0  # pseudo-observations behind the profile's shape
     line: DecayedLine = field(init=False)
+    plane: DecayedPlane = field(init=False)  # (requests, extra rows) -> seconds
     scale_sum: float = 0.0  # decayed Σ t_obs / t_profile over every size
     scale_count: float = 0.0
-    # (lo, hi) -> (a, b) since the last observation: a round prices the same sizes more than once
+    # (lo, hi) -> (a, b) and (R, K) -> (a, c, b) since the last observation: a round prices the
+    # same sizes more than once
     _fits: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.line = DecayedLine(self.memory)
+        self.plane = DecayedPlane(self.memory)
 
-    def observe(self, num_tokens: int, seconds: float) -> None:
-        """One forward of ``num_tokens`` decode/verification rows took ``seconds``."""
-        if num_tokens < 1 or seconds <= 0:
+    def observe(self, num_tokens: int, seconds: float, num_requests: int | None = None) -> None:
+        """One forward of ``num_tokens`` decode/verification rows of ``num_requests`` requests
+        (default: one row each, plain decoding) took ``seconds``."""
+        R = num_tokens if num_requests is None else num_requests
+        if num_tokens < 1 or seconds <= 0 or not 1 <= R <= num_tokens:
             return
         self._fits.clear()
         self.line.observe(float(num_tokens), seconds)
+        self.plane.observe(float(R), float(num_tokens - R), seconds)
         self.scale_sum = self.memory * self.scale_sum + seconds * self.profile(num_tokens)
         self.scale_count = self.memory * self.scale_count + 1.0
 
@@ -140,41 +218,59 @@ class StepTimes:
             self._fits[lo, hi] = fit_line(self.line, prior, self.prior_weight)
         return self._fits[lo, hi]
 
+    def step_model(self, num_requests: int, K: int) -> tuple[float, float, float]:
+        """``(a, c, b)`` of ``t̂(R, e) = a + c·R + b·e`` for a step of ``R`` requests verifying ``e``
+        rows beyond their one each, for pricing ``R`` requests and up to ``K`` drafts each.
+
+        A request's first row and its verified drafts do not cost the same: the first reads the
+        request's whole KV cache and carries its sampling and bookkeeping, the others reuse them
+        (tiny target, engine steps of 1-16 requests: about 1.2-2.6 ms per request and
+        0.25-0.6 ms per extra row, where one line in rows priced both at 0.7-0.9 ms). The
+        line's prices are the prior: :meth:`fit` at ``R - 1`` requests fewer or ``R·K`` rows
+        more, so where the steps seen do not tell the two apart (one batch size, or no
+        drafting) the plane is the line."""
+        R = max(num_requests, 1)
+        key = ("plane", R, K)
+        if key not in self._fits:
+            la, lb = self.fit(R, R * (K + 1))
+            prior = [(float(r), 0.0, la + lb * r) for r in prior_sizes(1, R)]
+            prior += [(float(R), float(e), la + lb * (R + e)) for e in prior_sizes(1, max(R * K, 1))]
+            self._fits[key] = fit_plane(self.plane, prior, self.prior_weight)
+        return self._fits[key]
+
     def seconds(self, num_tokens: int, *, span: int = 1) -> float:
-        """``t̂(B)``, fitted for the sizes ``B..span·B`` (the profile's own before any step)."""
+        """``t̂`` of a plain step of ``num_tokens`` requests, priced for up to ``span − 1`` drafts each
+        (the profile's own before any step)."""
         B = max(num_tokens, 1)
         if not self.line.w:
             return 1.0 / self.profile(B)
-        a, b = self.fit(B, span * B)
-        return max(a + b * B, 1e-9)
+        a, c, _ = self.step_model(B, span - 1)
+        return max(a + c * B, 1e-9)
 
     def verify_costs(self, num_requests: int, K: int) -> tuple[float, ...]:
         """``v(ℓ)``, ℓ = 0..K: seconds per request that verifying ℓ drafts each adds to a step of
         ``num_requests`` requests: ``b·ℓ`` once steps were observed (the same for any mix of
-        lengths: ``t̂`` is affine); before, the profile's ``(t(R + Rℓ) − t(R)) / R``, kept
-        non-decreasing (its cliffs as they are: nothing says otherwise yet)."""
+        lengths: ``t̂`` is affine in the extra rows); before, the profile's
+        ``(t(R + Rℓ) − t(R)) / R``, kept non-decreasing (its cliffs as they are: nothing says
+        otherwise yet)."""
+        return self.prices(num_requests, K)[0]
+
+    def prices(self, num_requests: int, K: int) -> tuple[tuple[float, ...], float]:
+        """``(v(ℓ) for ℓ = 0..K, ρ)`` from one fit (:meth:`step_model`): ``v(ℓ) = b·ℓ`` and
+        ``ρ = R / (a + c·R)``."""
         R = max(num_requests, 1)
         if not self.line.w:
             base, out, worst = 1.0 / self.profile(R), [], 0.0
             for ell in range(K + 1):
                 worst = max(worst, (1.0 / self.profile(R + R * ell) - base) / R)
                 out.append(worst)
-            return tuple(out)
-        _, b = self.fit(R, R * (K + 1))
-        return tuple(b * ell for ell in range(K + 1))
-
-    def prices(self, num_requests: int, K: int) -> tuple[tuple[float, ...], float]:
-        """``(v(ℓ) for ℓ = 0..K, ρ)`` from one fit: :meth:`verify_costs` and :meth:`tokens_per_s`."""
-        R = max(num_requests, 1)
-        if not self.line.w:
-            return self.verify_costs(R, K), self.tokens_per_s(R, K)
-        a, b = self.fit(R, R * (K + 1))
-        return tuple(b * ell for ell in range(K + 1)), R / max(a + b * R, 1e-9)
+            return tuple(out), R / base
+        a, c, b = self.step_model(R, K)
+        return tuple(b * ell for ell in range(K + 1)), R / max(a + c * R, 1e-9)
 
     def tokens_per_s(self, num_requests: int, K: int = 0) -> float:
         """``ρ``: tokens per second plain decoding makes with ``num_requests`` requests."""
-        R = max(num_requests, 1)
-        return R / self.seconds(R, span=K + 1)
+        return self.prices(num_requests, K)[1]
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dspark.scheduler import SpsTable
-from dspark.scheduler.step_times import DecayedLine, DraftCosts, StepTimes, fit_line
+from dspark.scheduler.step_times import DecayedLine, DecayedPlane, DraftCosts, StepTimes, fit_line, fit_plane
 
 # A machine whose step of B rows takes 10 ms + 1 ms per row.
 AFFINE = SpsTable.from_dict({b: 1.0 / (0.010 + 0.001 * b) for b in range(1, 65)})
@@ -114,3 +114,41 @@ def test_draft_costs_of_one_call_size_follow_the_shape_they_are_given():
     assert costs.split() == pytest.approx((0.0, 0.002))  # by default all of it per request
     d0, d1 = costs.split((3.0, 1.0))  # e.g. the target's step: 3 parts per call, 1 per request
     assert d0 + 4 * d1 == pytest.approx(0.008) and d0 == pytest.approx(3 * d1)
+
+
+def test_fit_plane_recovers_an_affine_law_and_keeps_its_coefficients_non_negative():
+    plane = DecayedPlane(memory=1.0)
+    for x1 in (1, 2, 4, 8):
+        for x2 in (0, 3, 7, 20):
+            plane.observe(x1, x2, 5.0 + 2.0 * x1 + 0.5 * x2)
+    assert fit_plane(plane) == pytest.approx((5.0, 2.0, 0.5))
+    falling = DecayedPlane(memory=1.0)  # more rows, cheaper (noise): that slope is 0
+    for x1, x2 in ((1, 0), (2, 0), (4, 0), (2, 5), (2, 9)):
+        falling.observe(x1, x2, 5.0 + 2.0 * x1 - 0.1 * x2)
+    a, c, b = fit_plane(falling)
+    assert b == 0.0 and min(a, c) >= 0.0
+    assert fit_plane(DecayedPlane()) == (0.0, 0.0, 0.0)
+
+
+def test_a_verified_row_is_priced_apart_from_a_decoding_requests_row():
+    """Steps of 1-4 requests, some verifying: 10 ms + 2 ms per request + 0.5 ms per extra row.
+    One line in rows prices both kinds of row alike; the plane prices verification at the
+    extra rows' slope and plain decoding at the requests'."""
+    times = StepTimes(AFFINE)
+    for R, extra in ((4, 0), (4, 12), (3, 0), (4, 20), (2, 0), (4, 6), (1, 0), (3, 14), (4, 28), (2, 8)) * 3:
+        times.observe(R + extra, 0.010 + 0.002 * R + 0.0005 * extra, num_requests=R)
+    verify_s, rho = times.prices(4, 7)
+    assert verify_s[1] == pytest.approx(0.0005, rel=0.05) and verify_s[7] == pytest.approx(0.0035, rel=0.05)
+    assert rho == pytest.approx(4 / 0.018, rel=0.02) and times.tokens_per_s(4, 7) == pytest.approx(rho)
+    _, b = times.fit(4, 32)  # the line in rows prices a verified row 30 % dearer
+    assert b > 1.3 * 0.0005
+    assert times.step_model(4, 7) == pytest.approx((0.010, 0.002, 0.0005), rel=0.1)
+
+
+def test_without_steps_that_tell_them_apart_the_plane_prices_as_the_line():
+    times = StepTimes(AFFINE)
+    for B in (4, 8, 12, 16, 20, 24, 28, 32):  # every step one row per request: no extra rows seen
+        times.observe(B, 0.020 + 0.0004 * B)
+    _, b = times.fit(4, 32)
+    verify_s, rho = times.prices(4, 7)
+    assert verify_s[1] == pytest.approx(b, rel=0.15) and rho == pytest.approx(4 / 0.0216, rel=0.05)
