@@ -12,10 +12,10 @@ accepted (decayed counts, shrunk to a prior: the pooled rates of every request, 
 config's optimistic guess before any evidence, with pseudo-rounds that fade as the
 request's own rounds come in), ``d_p`` the drafting seconds each request adds to its
 proposer's call, ``v(ℓ)`` the target seconds that verifying ℓ more tokens of one request
-adds to the step (``b·ℓ`` for the fitted step time ``t̂(B) = a + b·B`` of
-``scheduler/step_times.py``: separable, whatever the others verify) and ``ρ`` the tokens
-per second plain decoding makes at this batch: the right-hand side is what the same time
-would have produced without speculation. It drafts iff the best ``G > 0``, verifying the
+adds to the step (``b·ℓ`` for the fitted step time ``t̂(R, e) = a + c·R + b·e`` of
+``scheduler/step_times.py``, ``e`` the rows beyond one per request: separable, whatever the
+others verify) and ``ρ`` the tokens per second plain decoding makes at this batch: the
+right-hand side is what the same time would have produced without speculation. It drafts iff the best ``G > 0``, verifying the
 best ℓ. A drafter call also costs seconds per call that the requests drafting with it
 share; the batch drafts with that proposer only if their gains together repay them
 (:func:`shared_call_pays`), judged optimistically (on the pooled rates' upper confidence

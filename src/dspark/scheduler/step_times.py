@@ -20,10 +20,20 @@ outweighed once they do. Drafting seconds are fitted the same way against the nu
 requests drafting together (:class:`DraftCosts`): the intercept is the per-call cost
 the drafting requests of a round share, the slope what each one adds.
 
-An affine step time makes verification cost separable: ℓ more rows for one request add
-``b·ℓ`` to the step whatever the others verify, so the per-request decision of
-``scheduler/payoff.py`` prices the batch's shared step exactly. Only past forwards are
-read, never a draft, so decisions priced with these stay lossless.
+A row is not a row, though: a request's first row reads its whole KV cache and carries
+its sampling and bookkeeping, and the drafts it verifies reuse them. The prices come from
+a plane over the same steps (:meth:`StepTimes.step_model`),
+
+    t̂(R, e) = a + c·R + b·e,    a, c, b >= 0,
+
+``R`` the step's requests and ``e`` their rows beyond one each, with the line as its
+prior: ``ρ = R / (a + c·R)`` and ``v(ℓ) = b·ℓ``. On the tiny target's engine steps ``c`` was
+1.2-2.6 ms and ``b`` 0.25-0.6 ms, where the line priced both at 0.7-0.9 ms.
+
+A step time affine in the extra rows makes verification cost separable: ℓ more rows for
+one request add ``b·ℓ`` to the step whatever the others verify, so the per-request
+decision of ``scheduler/payoff.py`` prices the batch's shared step exactly. Only past
+forwards are read, never a draft, so decisions priced with these stay lossless.
 """
 
 from __future__ import annotations
@@ -120,16 +130,33 @@ def fit_plane(
     direction the points do not span at the prior's slope). The best of the non-negative
     solutions over every subset of the three coefficients (the constrained optimum is one)."""
     m = [row[:] for row in plane.m]
-    pw = prior_weight / len(prior) if prior else 0.0
-    for x1, x2, y in prior:
-        z = (1.0, x1, x2, y)
-        for i in range(4):
-            for j in range(4):
-                m[i][j] += pw * z[i] * z[j]
+    if prior:  # the prior's moments (upper triangle, in locals: a plan prices this every step)
+        s1 = sx1 = sx2 = sy = sx1x1 = sx1x2 = sx1y = sx2x2 = sx2y = syy = 0.0
+        for x1, x2, y in prior:
+            s1 += 1.0
+            sx1 += x1
+            sx2 += x2
+            sy += y
+            sx1x1 += x1 * x1
+            sx1x2 += x1 * x2
+            sx1y += x1 * y
+            sx2x2 += x2 * x2
+            sx2y += x2 * y
+            syy += y * y
+        pw = prior_weight / len(prior)
+        upper = ((0, 0, s1), (0, 1, sx1), (0, 2, sx2), (0, 3, sy), (1, 1, sx1x1), (1, 2, sx1x2))
+        upper += ((1, 3, sx1y), (2, 2, sx2x2), (2, 3, sx2y), (3, 3, syy))
+        for i, j, v in upper:
+            m[i][j] += pw * v
+            if i != j:
+                m[j][i] += pw * v
     if m[0][0] <= 0:
         return 0.0, 0.0, 0.0
+    whole = _solve([r[:3] for r in m[:3]], [r[3] for r in m[:3]])
+    if whole is not None and min(whole) >= 0:  # the unconstrained optimum is feasible: it is the one
+        return whole[0], whole[1], whole[2]
     best, best_sse = (0.0, 0.0, 0.0), m[3][3]  # all zero: SSE = Σ w y²
-    for subset in ((0, 1, 2), (0, 1), (0, 2), (1, 2), (0,), (1,), (2,)):
+    for subset in ((0, 1), (0, 2), (1, 2), (0,), (1,), (2,)):
         coef = _solve([[m[i][j] for j in subset] for i in subset], [m[i][3] for i in subset])
         if coef is None or min(coef) < 0:
             continue
