@@ -20,7 +20,9 @@ controller as shipped (``both``: n-gram or model per request) against the model 
 alone (``model``: ``choose_proposer=False``), with ``fixed`` beside them; ``drain``: the
 controller as shipped (``drain``: accepted drafts valued by ``drain_value`` while the batch
 drains) against every accepted draft valued at ``1/ρ`` (``rho``: ``drain_share_memory=0``),
-with ``fixed`` beside them.
+with ``fixed`` beside them; ``quiet``: the controller as shipped (``reuse``: a plan in which
+nobody drafts is reused for the next rounds, ``payoff_plan.hold_quiet``) against pricing every
+round (``noreuse``), with the plans priced and reused counted.
 
     python scripts/bench_floor.py DRAFTER PROMPTS.jsonl[,...] 16,64 [REPEATS] [MODE]
 
@@ -117,7 +119,9 @@ VARIANTS = {
     "lengths": ("plain", "fixed", "short", "lengths"),
     "proposers": ("plain", "fixed", "both", "model"),
     "drain": ("plain", "fixed", "rho", "drain"),
+    "quiet": ("plain", "noreuse", "reuse"),
 }.get(MODE, ("plain", "never"))
+hold_quiet = PP.hold_quiet
 params = SamplingParams(temperature=0.0, max_tokens=64)
 for (name, prompts), c in itertools.product(sets.items(), conc):
     ids = [prompt_ids(target.tokenizer, p) for p in prompts]
@@ -149,6 +153,7 @@ for (name, prompts), c in itertools.product(sets.items(), conc):
                 eng.payoff.config = dataclasses.replace(eng.payoff.config, drain_share_memory=0.0)
             if variant == "naive":
                 eng.payoff.config = dataclasses.replace(eng.payoff.config, realism_strength=0.0)
+            PP.hold_quiet = (lambda *a: None) if variant == "noreuse" else hold_quiet
             NEVER[0] = variant == "never" and MODE == "override"
             UNPRICED[0] = variant == "clock"
             eng.generate(reqs[:1], SamplingParams(temperature=0.0, max_tokens=4))
@@ -161,10 +166,12 @@ for (name, prompts), c in itertools.product(sets.items(), conc):
             acc["model rounds"], acc["model probes"] = eng.stats.model_rounds, eng.stats.model_probes
             acc["verified"], acc["accepted"] = eng.stats.verified, eng.stats.accepted
             acc["ngram rounds"] = eng.stats.ngram_rounds
+            if eng.payoff is not None:
+                acc["planned"], acc["reused"] = eng.payoff.planned, eng.payoff.reused
             d = tot.setdefault(variant, {})
             for k, v in acc.items():
                 d[k] = d.get(k, 0.0) + v
-    if MODE in ("probes", "values", "realism", "explore", "lengths", "proposers", "drain"):
+    if MODE in ("probes", "values", "realism", "explore", "lengths", "proposers", "drain", "quiet"):
         p = tot["plain"]
         for v in VARIANTS[1:]:
             n = tot[v]
@@ -172,7 +179,8 @@ for (name, prompts), c in itertools.product(sets.items(), conc):
                 f"== {name[-12:]} c={c} {v} {drafter_name}: {v}/plain speed {p['total'] / p['tokens'] / (n['total'] / n['tokens']):.3f}x "
                 f"(plain {p['total']:.2f}s {v} {n['total']:.2f}s); model rounds {n['model rounds']:.0f} of which probes {n['model probes']:.0f}; "
                 f"n-gram rounds {n['ngram rounds']:.0f}; verified {n['verified']:.0f} accepted {n['accepted']:.0f}; "
-                f"draft stage {1e3 * n['draft stage'] / n['steps']:.2f} ms/step, drafter updates {n.get('drafter update', 0):.2f}s"
+                f"draft stage {1e3 * n['draft stage'] / n['steps']:.2f} ms/step, drafter updates {n.get('drafter update', 0):.2f}s; "
+                f"plans priced {n.get('planned', 0):.0f}, reused {n.get('reused', 0):.0f}"
             )
         continue
     p, n = tot["plain"], tot["never"]

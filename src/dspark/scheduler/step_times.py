@@ -27,8 +27,9 @@ a plane over the same steps (:meth:`StepTimes.step_model`),
     t̂(R, e) = a + c·R + b·e,    a, c, b >= 0,
 
 ``R`` the step's requests and ``e`` their rows beyond one each, with the line as its
-prior: ``ρ = R / (a + c·R)`` and ``v(ℓ) = b·ℓ``. On the tiny target's engine steps ``c`` was
-1.2-2.6 ms and ``b`` 0.25-0.6 ms, where the line priced both at 0.7-0.9 ms.
+prior: ``ρ = R / (a + c·R)`` and ``v(ℓ) = b·ℓ``. On the tiny target's engine steps at 16
+requests ``c`` was 1.2-1.25 ms and ``b`` 0.4-0.6 ms, where the line priced both at 0.8-0.9 ms
+(``scripts/bench_step_model.py --regression``).
 
 A step time affine in the extra rows makes verification cost separable: ℓ more rows for
 one request add ``b·ℓ`` to the step whatever the others verify, so the per-request
@@ -251,8 +252,8 @@ class StepTimes:
 
         A request's first row and its verified drafts do not cost the same: the first reads the
         request's whole KV cache and carries its sampling and bookkeeping, the others reuse them
-        (tiny target, engine steps of 1-16 requests: about 1.2-2.6 ms per request and
-        0.25-0.6 ms per extra row, where one line in rows priced both at 0.7-0.9 ms). The
+        (tiny target, engine steps of up to 16 requests: 1.2-1.25 ms per request and 0.4-0.6 ms
+        per extra row, where one line in rows priced both at 0.8-0.9 ms). The
         line's prices are the prior: :meth:`fit` at ``R - 1`` requests fewer or ``R·K`` rows
         more, so where the steps seen do not tell the two apart (one batch size, or no
         drafting) the plane is the line."""

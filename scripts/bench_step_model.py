@@ -1,0 +1,133 @@
+"""The step prices of payoff control: one line in rows against the plane in requests and extra rows (issue 17).
+
+Per prompt set and concurrency, the same greedy requests decoded plainly, then by each drafter
+under payoff control priced with the plane (``plane``: ``StepTimes.step_model`` as shipped,
+a verified row priced apart from a decoding request's) and with the line in rows alone
+(``line``: the prices before, ``step_model`` replaced by the line's ``(a, b, b)``), and with
+``fixed`` drafting, in turn, ``REPEATS`` times; speedups over plain decoding per CPU-second
+of the process, and the share of rounds drafted. With ``--regression``, instead, the engine
+steps one payoff run per set observed, fitted four ways by least squares (``1 rows``: the
+line; ``1 R extra``: the plane; with the drafting requests or a drafting step's fixed part).
+
+    python scripts/bench_step_model.py DRAFTERS PROMPTS C[,C...] [REPEATS] [--regression]
+"""
+
+# ruff: noqa: E501 (report lines)
+import gc
+import itertools
+import sys
+import time
+
+import numpy as np
+import torch
+
+import dspark.engine.payoff_drafting as PD
+import dspark.scheduler.step_times as ST
+from dspark.commands.loading import load_inference_target
+from dspark.data.chat import prompt_ids
+from dspark.data.prompts import load_prompts
+from dspark.drafters.registry import build_drafter
+from dspark.engine import Engine, EngineConfig
+from dspark.protocols import SamplingParams
+
+torch.set_num_threads(1)
+args = [a for a in sys.argv[1:] if not a.startswith("--")]
+REGRESSION = "--regression" in sys.argv
+target = load_inference_target(None, "float32")
+drafters = {n: build_drafter(n, target) for n in args[0].split(",")}
+sets = args[1].split(",")
+concurrencies = [int(c) for c in args[2].split(",")]
+repeats = int(args[3]) if len(args) > 3 else 2
+plane = ST.StepTimes.step_model
+
+
+def line_model(self, R, K):
+    a, b = self.fit(max(R, 1), max(R, 1) * (K + 1))
+    return a, b, b
+
+
+def engine(drafter, c, seq, payoff):
+    return Engine(
+        target,
+        drafter,
+        EngineConfig(block_size=7, policy="fixed", max_batch=c, max_seq_len=seq, payoff=payoff),
+    )
+
+
+def requests(name, c):
+    ids = [prompt_ids(target.tokenizer, p) for p in load_prompts(name, 4)]
+    reqs = list(itertools.islice(itertools.cycle(ids), max(c, 4)))
+    return reqs, max(512, max(map(len, reqs)) + 65)
+
+
+def regression():
+    points, planned = [], {}
+    plan, observe = PD.PayoffDrafting.plan, PD.PayoffDrafting.observe_step
+
+    def recorded_plan(self, decoding, K):
+        choices, lookups = plan(self, decoding, K)
+        planned.update(R=len(decoding), drafting=sum(c.proposer is not None for c in choices))
+        return choices, lookups
+
+    def recorded_observe(self, num_tokens, seconds, num_requests=None):
+        if planned:
+            points.append(
+                (planned["R"], num_tokens, planned["drafting"], 1e3 * (seconds - self.model_step_s))
+            )
+        planned.clear()
+        return observe(self, num_tokens, seconds, num_requests)
+
+    PD.PayoffDrafting.plan, PD.PayoffDrafting.observe_step = recorded_plan, recorded_observe
+    for (name, c), drafter in itertools.product(itertools.product(sets, concurrencies), drafters.values()):
+        reqs, seq = requests(name, c)
+        eng = engine(drafter, c, seq, True)
+        eng.generate(reqs[:1], SamplingParams(temperature=0.0, max_tokens=4))
+        planned.clear()
+        eng.generate(reqs, SamplingParams(temperature=0.0, max_tokens=64))
+    R, rows, drafting, ms = np.array(points, dtype=float).T
+    extra, any_drafting, one = rows - R, (drafting > 0).astype(float), np.ones_like(R)
+    print(f"{len(R)} steps, {int(any_drafting.sum())} drafting; ms per step =")
+    for name, cols in (
+        ("1 rows", (one, rows)),
+        ("1 R extra", (one, R, extra)),
+        ("1 R extra drafting", (one, R, extra, drafting)),
+        ("1 R extra any", (one, R, extra, any_drafting)),
+    ):
+        X = np.stack(cols, 1)
+        coef = np.linalg.lstsq(X, ms, rcond=None)[0]
+        print(f"  {name:<20} {np.round(coef, 2)}  rms {np.sqrt(np.mean((X @ coef - ms) ** 2)):.2f} ms")
+
+
+def compare():
+    for name, c in itertools.product(sets, concurrencies):
+        reqs, seq = requests(name, c)
+        seconds, tokens, drafted, outputs = {}, {}, {}, {}
+        variants = [("plain", None)] + [(f"{d} {m}", d) for d in drafters for m in ("line", "plane", "fixed")]
+        for _ in range(repeats):
+            for key, d in variants:
+                mode = key.split()[-1]
+                ST.StepTimes.step_model = line_model if mode == "line" else plane
+                eng = engine(drafters.get(d), c, seq, mode in ("line", "plane"))
+                eng.generate(reqs[:1], SamplingParams(temperature=0.0, max_tokens=4))
+                gc.collect()
+                started = time.process_time()
+                res = eng.generate(reqs, SamplingParams(temperature=0.0, max_tokens=64))
+                seconds[key] = seconds.get(key, 0.0) + time.process_time() - started
+                tokens[key] = tokens.get(key, 0) + sum(len(r.token_ids) for r in res)
+                rounds = [rd for r in res for rd in r.rounds]
+                drafted.setdefault(key, []).append(
+                    sum(rd.proposed > 0 for rd in rounds) / max(len(rounds), 1)
+                )
+                outputs.setdefault(key, [r.token_ids for r in res])
+        ST.StepTimes.step_model = plane
+        base = tokens["plain"] / seconds["plain"]
+        same = all(o == outputs["plain"] for o in outputs.values())
+        for d in drafters:
+            cells = "  ".join(
+                f"{m} {tokens[f'{d} {m}'] / seconds[f'{d} {m}'] / base:.3f}x ({100 * np.mean(drafted[f'{d} {m}']):.0f} % drafted)"
+                for m in ("line", "plane", "fixed")
+            )
+            print(f"{name[-10:]:<10} c={c:<3} {d:<7} {cells}  identical {same}", flush=True)
+
+
+regression() if REGRESSION else compare()
