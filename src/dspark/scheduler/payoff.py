@@ -15,12 +15,13 @@ proposer's call, ``v(ℓ)`` the target seconds that verifying ℓ more tokens of
 adds to the step (``b·ℓ`` for the fitted step time ``t̂(R, e) = a + c·R + b·e`` of
 ``scheduler/step_times.py``, ``e`` the rows beyond one per request: separable, whatever the
 others verify) and ``ρ`` the tokens per second plain decoding makes at this batch: the
-right-hand side is what the same time would have produced without speculation. It drafts iff the best ``G > 0``, verifying the
-best ℓ. A drafter call also costs seconds per call that the requests drafting with it
-share; the batch drafts with that proposer only if their gains together repay them
-(:func:`shared_call_pays`), judged optimistically (on the pooled rates' upper confidence
-bound, :func:`upper_rates`, while the evidence is thin or has aged), so that a verdict
-drawn from a few unlucky rounds is tried again instead of standing for good.
+right-hand side is what the same time would have produced without speculation. It drafts
+iff the best ``G > 0``, verifying the best ℓ. A drafter call also costs seconds per call
+that the requests drafting with it share; the batch drafts with that proposer only if
+their gains together repay them (:func:`shared_call_pays`), judged optimistically (on the
+pooled rates' upper confidence bound, :func:`upper_rates`, while the evidence is thin or
+has aged), so that a verdict drawn from a few unlucky rounds is tried again instead of
+standing for good.
 
 When nothing pays, the request decodes plainly and *probes* every ``interval`` rounds
 (a short verification with the most promising proposer; also while only the free n-gram
