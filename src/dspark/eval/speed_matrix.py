@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -182,11 +183,7 @@ def speed_matrix(
 
 def _standard_error(values: Sequence[float]) -> float:
     """The standard error of the mean of ``values`` (0 for fewer than two)."""
-    n = len(values)
-    if n < 2:
-        return 0.0
-    mean = sum(values) / n
-    return (sum((v - mean) ** 2 for v in values) / (n - 1) / n) ** 0.5
+    return statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
 
 
 def goals(cells: list[Cell], *, floor: float = 0.97, keep: float = 0.95) -> dict:

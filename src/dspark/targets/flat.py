@@ -12,9 +12,9 @@ The engine's verification step sends, per request, its anchor and its scheduled 
   slot of a preallocated :class:`KVStore`, then attends group by group: single-token runs
   (decode) form one group, short multi-token runs (verification) another, padded to their
   longest run (one group for both where that pads at most 2×), and every long run (a
-  prefill chunk) is a group of its own. The mask is causal on absolute positions, so stale entries past a
-  request's length (rejected drafts) are never read: they lie at positions the next run
-  overwrites before its attention reads them.
+  prefill chunk) is a group of its own. The mask is causal on absolute positions, so
+  stale entries past a request's length (rejected drafts) are never read: they lie at
+  positions the next run overwrites before its attention reads them.
 - **Zero-copy reads.** The store is ``[slots, kv_heads, capacity, head_dim]`` per layer
   and a group attends to the contiguous slot range it covers through a view (slots in
   the range with no run get a dummy query row). Measured on CPU (R = 32, S = 300): a
@@ -190,13 +190,17 @@ class FlatStep:
         return cls(store, torch.tensor(slots, device=device), torch.tensor(positions, device=device), groups)
 
 
-def _padded_rows(members: list[tuple[Run, int]]) -> int:
-    """Query rows one group over ``members`` attends with: its rows (slot span or count, as
-    :func:`_build_group` lays them out) times its longest run."""
-    slots = [run.slot for run, _ in members]
+def _group_rows(slots: Sequence[int]) -> tuple[bool, int]:
+    """``(dense, rows)`` of a group over ``slots``: the slot range it spans (a slot without a run
+    is a dummy row), or its slots alone where the range would be more than twice as many."""
     span = max(slots) - min(slots) + 1
-    rows = span if span <= 2 * len(slots) else len(slots)
-    return rows * max(run.length for run, _ in members)
+    dense = span <= 2 * len(slots)
+    return dense, span if dense else len(slots)
+
+
+def _padded_rows(members: list[tuple[Run, int]]) -> int:
+    """Query rows one group over ``members`` attends with: its rows times its longest run."""
+    return _group_rows([run.slot for run, _ in members])[1] * max(run.length for run, _ in members)
 
 
 def _build_group(members: list[tuple[Run, int]], device: torch.device) -> _Group:
@@ -205,9 +209,9 @@ def _build_group(members: list[tuple[Run, int]], device: torch.device) -> _Group
     by_slot = {run.slot: (run, offset) for run, offset in members}
     assert len(by_slot) == len(members), "two runs of one slot in a step"
     lo, hi = min(by_slot), max(by_slot)
-    dense = hi - lo + 1 <= 2 * len(by_slot)
+    dense, Rg = _group_rows(list(by_slot))
     order = {slot: slot - lo if dense else i for i, slot in enumerate(sorted(by_slot))}  # slot -> row
-    Rg, Tg = (hi - lo + 1 if dense else len(by_slot)), max(run.length for run, _ in members)
+    Tg = max(run.length for run, _ in members)
     gather = torch.zeros(Rg, Tg, dtype=torch.long)  # [Rg, Tg]
     positions = torch.zeros(Rg, Tg, dtype=torch.long)  # [Rg, Tg]
     rows, dst = [], []
