@@ -2,14 +2,17 @@
 
 Per prompt set and concurrency, the same greedy requests decoded plainly, then by each drafter
 under payoff control priced with the plane (``plane``: ``StepTimes.step_model`` as shipped,
-a verified row priced apart from a decoding request's) and with the line in rows alone
-(``line``: the prices before, ``step_model`` replaced by the line's ``(a, b, b)``), and with
-``fixed`` drafting, in turn, ``REPEATS`` times; speedups over plain decoding per CPU-second
-of the process, and the share of rounds drafted. With ``--regression``, instead, the engine
-steps one payoff run per set observed, fitted four ways by least squares (``1 rows``: the
-line; ``1 R extra``: the plane; with the drafting requests or a drafting step's fixed part).
+a verified row priced apart from a decoding request's, and a step in which anybody verifies
+paying its fixed part ``j``), with the plane's ``j`` left unpriced (``nojump``: ``j = 0``,
+so no round is gated on it), with the line in rows alone (``line``: ``step_model``
+replaced by the line's ``(a, b, b, 0)``), and with ``fixed`` drafting, in turn, ``REPEATS``
+times (``--modes=`` picks them; default ``line,plane,fixed``); speedups over plain decoding
+per CPU-second of the process, and the share of rounds drafted. With ``--regression``,
+instead, the engine steps one payoff run per set observed, fitted four ways by least
+squares (``1 rows``: the line; ``1 R extra``: the plane; with the drafting requests or a
+drafting step's fixed part).
 
-    python scripts/bench_step_model.py DRAFTERS PROMPTS C[,C...] [REPEATS] [--regression]
+    python scripts/bench_step_model.py DRAFTERS PROMPTS C[,C...] [REPEATS] [--regression] [--modes=plane,nojump]
 """
 
 # ruff: noqa: E501 (report lines)
@@ -33,6 +36,7 @@ from dspark.protocols import SamplingParams
 torch.set_num_threads(1)
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 REGRESSION = "--regression" in sys.argv
+MODES = next((a[8:] for a in sys.argv if a.startswith("--modes=")), "line,plane,fixed").split(",")
 target = load_inference_target(None, "float32")
 drafters = {n: build_drafter(n, target) for n in args[0].split(",")}
 sets = args[1].split(",")
@@ -43,7 +47,11 @@ plane = ST.StepTimes.step_model
 
 def line_model(self, R, K):
     a, b = self.fit(max(R, 1), max(R, 1) * (K + 1))
-    return a, b, b
+    return ST.StepModel(a, b, b, 0.0)
+
+
+def nojump_model(self, R, K):
+    return plane(self, R, K)._replace(j=0.0)
 
 
 def engine(drafter, c, seq, payoff):
@@ -102,12 +110,13 @@ def compare():
     for name, c in itertools.product(sets, concurrencies):
         reqs, seq = requests(name, c)
         seconds, tokens, drafted, outputs = {}, {}, {}, {}
-        variants = [("plain", None)] + [(f"{d} {m}", d) for d in drafters for m in ("line", "plane", "fixed")]
+        variants = [("plain", None)] + [(f"{d} {m}", d) for d in drafters for m in MODES]
+        models = {"line": line_model, "nojump": nojump_model}
         for _ in range(repeats):
             for key, d in variants:
                 mode = key.split()[-1]
-                ST.StepTimes.step_model = line_model if mode == "line" else plane
-                eng = engine(drafters.get(d), c, seq, mode in ("line", "plane"))
+                ST.StepTimes.step_model = models.get(mode, plane)
+                eng = engine(drafters.get(d), c, seq, mode != "fixed")
                 eng.generate(reqs[:1], SamplingParams(temperature=0.0, max_tokens=4))
                 gc.collect()
                 started = time.process_time()
@@ -125,7 +134,7 @@ def compare():
         for d in drafters:
             cells = "  ".join(
                 f"{m} {tokens[f'{d} {m}'] / seconds[f'{d} {m}'] / base:.3f}x ({100 * np.mean(drafted[f'{d} {m}']):.0f} % drafted)"
-                for m in ("line", "plane", "fixed")
+                for m in MODES
             )
             print(f"{name[-10:]:<10} c={c:<3} {d:<7} {cells}  identical {same}", flush=True)
 

@@ -44,12 +44,12 @@ from dspark.scheduler.payoff import (
     PayoffController,
     Realism,
     RoundCosts,
-    drain_value,
     expected_accepted,
     shadow_outcome,
     start_shadows,
     upper_rates,
 )
+from dspark.scheduler.shared_costs import drain_value
 from dspark.scheduler.step_times import DecayedLine, DraftCosts, StepTimes, fit_line
 
 # A catch-up (the whole prompt on a request's first model proposal, the skipped rounds on a
@@ -144,7 +144,7 @@ class PayoffDrafting:
 
     def round_config(self, costs: RoundCosts, num_requests: int) -> PayoffConfig:
         """The config a round priced with ``costs`` uses: :attr:`config`, with the ``margin``
-        raised by :func:`~dspark.scheduler.payoff.drain_value` at :attr:`paying_share` while
+        raised by :func:`~dspark.scheduler.shared_costs.drain_value` at :attr:`paying_share` while
         the batch drains (an accepted draft is worth ``1/ρ`` only if the batch drafts together)."""
         if not (self.draining and self.config.drain_share_memory > 0):
             return self.config
@@ -177,8 +177,12 @@ class PayoffDrafting:
             if self.model_line.observed:
                 draft_s[MODEL] = self.model_split(R)[1] + self.draft_s.get(UPDATE, 0.0)
         verify_s, rho = self.step_times.prices(R, self.block_size)
-        request_s = self.step_times.step_model(R, self.block_size)[1] if self.step_times.line.w else None
-        return RoundCosts(verify_s=verify_s, tokens_per_s=rho, draft_s=draft_s, request_s=request_s)
+        if not self.step_times.line.w:  # the profile's prices: no step seen yet
+            return RoundCosts(verify_s=verify_s, tokens_per_s=rho, draft_s=draft_s)
+        step = self.step_times.step_model(R, self.block_size)
+        return RoundCosts(
+            verify_s=verify_s, tokens_per_s=rho, draft_s=draft_s, request_s=step.c, verify_call_s=step.j
+        )
 
     def model_split(self, num_requests: int) -> tuple[float, float]:
         """The model drafter's ``(seconds per call, seconds per request)``; while its calls

@@ -15,12 +15,15 @@ agree choice for choice:
   the tiny target (``scripts/bench_floor.py``), a floor of 3.5 % under plain decoding.
 
 Both price with the round's config (:meth:`PayoffDrafting.round_config`: while the batch
-drains, an accepted draft is valued by :func:`~dspark.scheduler.payoff.drain_value`, as a
-raised margin) and record the share of requests whose drafts would pay at ``1/ρ``, which
-sets that value for the next rounds. Both end in :func:`settle`: a blocked model call that
-a probe pays anyway is joined, model rounds verify two drafts at least and as far as the
-upper bound of the request's later acceptance pays (:func:`explore_lengths`), each real
-round records what it expects (Realism), and the n-gram's shadow evaluations start.
+drains, an accepted draft is valued by ``shared_costs.drain_value``, as a raised margin) and
+record the share of requests whose drafts would pay at ``1/ρ``, which sets that value for
+the next rounds. Both judge the round's shared costs on the same gains
+(``scheduler/shared_costs.py``): the model's call, and the fixed part of a step in which
+anybody verifies, which gates the whole round. Both end in :func:`settle`: a blocked model
+call or a gated step that a probe pays anyway is joined, model rounds verify two drafts at
+least and as far as the upper bound of the request's later acceptance pays
+(:func:`explore_lengths`), each real round records what it expects (Realism), and the
+n-gram's shadow evaluations start.
 """
 
 from __future__ import annotations
@@ -41,7 +44,6 @@ from dspark.scheduler.payoff import (
     best_length,
     explored_length,
     probe_cost,
-    shared_call_pays,
     start_shadows,
 )
 from dspark.scheduler.payoff_batch import (
@@ -51,11 +53,13 @@ from dspark.scheduler.payoff_batch import (
     batch_rates,
     best_of,
     join_probe_call,
+    join_verifying_step,
     keep_q_observable,
     pooled_probe_value,
     quiet_margin,
     shared_call_repaid,
 )
+from dspark.scheduler.shared_costs import shared_call_pays, verification_pays
 
 if TYPE_CHECKING:
     from dspark.engine.payoff_drafting import PayoffDrafting
@@ -133,15 +137,22 @@ def plan_each(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Choi
     tried = MODEL in payoff.pooled
     call_s = payoff.model_call_s(R) if tried else 0.0
     blocked: tuple[str, ...] = ()
+    # the gains the shared costs are judged on: the model's at the pool's upper bound (upper_rates)
+    shared = {name: [g.get(name, (-math.inf, 0))[0] for g in own] for name in caps}
     if call_s > 0 and payoff.model is not None:  # the model's call is shared: does the batch repay it?
-        bound, top = payoff.bound(MODEL), []  # judged on the pool's upper bound (upper_rates)
+        bound, top = payoff.bound(MODEL), []
         for i, g in enumerate(own):
             if MODEL in g:
                 rate = (ctrls[i].records.get(MODEL) or _EMPTY).rates(config, bound)
-                b = best(MODEL, i, caps[MODEL][i], model_s[i], rate)[0]
+                shared[MODEL][i] = b = best(MODEL, i, caps[MODEL][i], model_s[i], rate)[0]
                 if b >= max((v[0] for name, v in g.items() if name != MODEL), default=-math.inf):
                     top.append(b)
         blocked = () if shared_call_pays(top, call_s, costs.tokens_per_s) else (MODEL,)
+    # ... and the step's fixed part of verification: if the batch does not repay it, nobody drafts
+    # (but probes, which the others then join: settle)
+    usable = {name: g for name, g in shared.items() if name not in blocked}
+    gated = not verification_pays(usable, costs, {MODEL: call_s})
+    probe_step_s = costs.verify_call_s if gated else 0.0  # a lone probe pays it
     choices, model_tries = [], False
     skipped = [c.skipped for c in ctrls]  # before this round's decisions count it
     model_probes = []  # probe_cost with the model per request
@@ -153,15 +164,15 @@ def plan_each(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Choi
             e, q = rates[MODEL][i]
             probes[MODEL] = probe_cost(
                 min(1.0, e * scales.get(MODEL, 1.0)), q, config.probe_length, draft_s=model_s[i],
-                call_s=call_s, costs=costs, margin=config.margin,
+                call_s=call_s, costs=costs, margin=config.margin, step_s=probe_step_s,
             )  # fmt: skip
             model_probes.append(probes[MODEL])
             if not tried and model_tries:  # one request at a time tries the model (see plan_batch)
                 own_caps[MODEL] = 0
                 gains = {n: g for n, g in gains.items() if n != MODEL}
         choice = ctrl.decide(
-            own_caps, costs, shadowed=(NGRAM,), priors=priors, blocked=blocked, gains=gains,
-            probe_costs=probes,
+            own_caps, costs, shadowed=(NGRAM,), priors=priors, blocked=tuple(caps) if gated else blocked,
+            gains=gains, probe_costs=probes,
         )  # fmt: skip
         choices.append(choice)
         model_tries |= choice.proposer == MODEL
@@ -171,7 +182,7 @@ def plan_each(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Choi
     }
     unscaled = {name: ([e for e, _ in r], [q for _, q in r]) for name, r in rates.items()}
     first = MODEL in caps and not payoff.model_after_prompt and not all(r.generated for r in decoding)
-    if R and not first and all(c.proposer is None for c in choices) and all(hopeless):
+    if R and not first and not gated and all(c.proposer is None for c in choices) and all(hopeless):
         # as plan_batch: every request decodes plainly and the n-gram could not pay even with
         # a whole block, so the next rounds may keep this plan while no probe falls due
         margin = quiet_margin(
@@ -184,7 +195,9 @@ def plan_each(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Choi
             config=config,
         )  # fmt: skip
         hold_quiet(payoff, decoding, K, margin)
-    settle(payoff, decoding, choices, table, caps.get(MODEL), unscaled, lookups, blocked, costs, config)
+    settle(
+        payoff, decoding, choices, table, caps.get(MODEL), unscaled, lookups, blocked, costs, config, gated
+    )
     return choices, lookups
 
 
@@ -246,9 +259,21 @@ def plan_batch(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Cho
             model_s = model_s + np.asarray(payoff.catch_up_charge(decoding))  # [R]
         caps[MODEL] = np.where(first, 0, budget) if first else budget  # [R]
         gains[MODEL] = gains_of(MODEL, caps[MODEL], model_s)
+    blocked: tuple[str, ...] = ()
+    # the gains the shared costs are judged on: the model's at the pool's upper bound (upper_rates)
+    shared = {name: g for name, (g, _) in gains.items()}
+    if call_s > 0 and MODEL in gains:  # the model's call is shared: does the batch repay it?
+        bound = net_of(MODEL, payoff.bound(MODEL))[1]
+        shared[MODEL] = best_of(bound, caps[MODEL], model_s, costs.tokens_per_s)[0]
+        blocked = () if shared_call_repaid(shared, MODEL, call_s, costs.tokens_per_s) else (MODEL,)
+    # ... and the step's fixed part of verification: if the batch does not repay it, nobody drafts
+    # (but probes, which the others then join: settle)
+    usable = {name: g.tolist() for name, g in shared.items() if name not in blocked}
+    gated = not verification_pays(usable, costs, {MODEL: call_s})
+    if payoff.model is not None:
         probe_costs[MODEL] = batch_probe_cost(
             nets[MODEL], config.probe_length, draft_s=model_s, call_s=call_s, costs=costs,
-            margin=config.margin,
+            margin=config.margin, step_s=costs.verify_call_s if gated else 0.0,  # a lone probe pays it
         )  # fmt: skip
         if config.value_probes:
             records = [c.records.get(MODEL) for c in ctrls]
@@ -283,16 +308,10 @@ def plan_batch(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Cho
         ]  # fmt: skip
     if R:
         payoff.observe_share(float(np.mean(np.max(at_rho, axis=0) > 0)) if at_rho else 0.0)
-    blocked: tuple[str, ...] = ()
-    if call_s > 0 and MODEL in gains:  # the model's call is shared: does the batch repay it?
-        g = {name: g for name, (g, _) in gains.items()}
-        bound = net_of(MODEL, payoff.bound(MODEL))[1]  # judged on the pool's upper bound (upper_rates)
-        g[MODEL] = best_of(bound, caps[MODEL], model_s, costs.tokens_per_s)[0]
-        blocked = () if shared_call_repaid(g, MODEL, call_s, costs.tokens_per_s) else (MODEL,)
     margin = quiet_margin(
         {name: g for name, (g, _) in gains.items()},
         probeable=[n for n in gains if n != NGRAM],
-        blocked=blocked,
+        blocked=tuple(gains) if gated else blocked,
         skipped=skipped,
         interval=interval,
         probe_costs=probe_costs,
@@ -301,7 +320,7 @@ def plan_batch(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Cho
     )  # [R]
     quiet = margin >= 0
     # (a request in its first round may draft with the model in its next: price that one)
-    if ngram_hopeless and not any(first):
+    if ngram_hopeless and not any(first) and not gated:
         hold_quiet(payoff, decoding, K, margin)
     choices = [PLAIN] * R
     for i in np.flatnonzero(quiet).tolist():
@@ -318,11 +337,11 @@ def plan_batch(payoff: PayoffDrafting, decoding: list, K: int) -> tuple[list[Cho
         own_probes = {name: float(c[i]) for name, c in probe_costs.items()}
         own_values = {name: float(v[i]) for name, v in probe_values.items()}
         choices[i] = ctrls[i].decide(
-            own_caps, costs, shadowed=(NGRAM,), priors=priors, blocked=blocked, gains=own,
-            probe_costs=own_probes, probe_values=own_values,
+            own_caps, costs, shadowed=(NGRAM,), priors=priors, blocked=tuple(caps) if gated else blocked,
+            gains=own, probe_costs=own_probes, probe_values=own_values,
         )  # fmt: skip
         model_tries |= choices[i].proposer == MODEL
-    settle(payoff, decoding, choices, gains, caps.get(MODEL), rates, lookups, blocked, costs, config)
+    settle(payoff, decoding, choices, gains, caps.get(MODEL), rates, lookups, blocked, costs, config, gated)
     return choices, lookups
 
 
@@ -363,13 +382,18 @@ def settle(
     blocked: Sequence[str],
     costs: RoundCosts,
     config: PayoffConfig,
+    gated: bool = False,
 ) -> None:
     """What every plan does once each request has decided (in place): ``gains`` per proposer
     ``(G [R], ℓ [R])`` (−inf where it cannot propose), the model's caps ``[R]``, the unscaled
-    rates ``(e [R], q [R])`` per proposer; ``config``: the round's."""
+    rates ``(e [R], q [R])`` per proposer; ``blocked``: proposers whose shared call the batch
+    does not repay; ``gated``: nor the step's fixed part of verification
+    (:func:`~dspark.scheduler.shared_costs.verification_pays`); ``config``: the round's."""
     ctrls: list[PayoffController] = [r.payoff for r in decoding]
     if MODEL in blocked:
         join_probe_call(choices, ctrls, gains, MODEL)
+    if gated:
+        join_verifying_step(choices, ctrls, gains, blocked)
     keep_q_observable(choices, model_caps, MODEL)
     if config.explore_lengths and model_caps is not None:
         explore_lengths(payoff, ctrls, choices, model_caps, rates[MODEL], costs, config)

@@ -18,10 +18,13 @@ others verify) and ``ρ`` the tokens per second plain decoding makes at this bat
 right-hand side is what the same time would have produced without speculation. It drafts
 iff the best ``G > 0``, verifying the best ℓ. A drafter call also costs seconds per call
 that the requests drafting with it share; the batch drafts with that proposer only if
-their gains together repay them (:func:`shared_call_pays`), judged optimistically (on the
-pooled rates' upper confidence bound, :func:`upper_rates`, while the evidence is thin or
-has aged), so that a verdict drawn from a few unlucky rounds is tried again instead of
-standing for good.
+their gains together repay them (``shared_costs.shared_call_pays``), judged optimistically
+(on the pooled rates' upper confidence bound, :func:`upper_rates`, while the evidence is
+thin or has aged), so that a verdict drawn from a few unlucky rounds is tried again instead
+of standing for good. A step in which anybody verifies pays a fixed part too (``j``: a
+second attention group, verification's own fixed work); the round drafts only if the
+requests drafting together repay it (``shared_costs.verification_pays``), and once anybody
+verifies (a probe) every request whose drafting pays joins it.
 
 When nothing pays, the request decodes plainly and *probes* every ``interval`` rounds
 (a short verification with the most promising proposer; also while only the free n-gram
@@ -100,7 +103,7 @@ class PayoffConfig:
     # that counts is the last request's: a draft accepted by one request saves the fixed part
     # of a step only together with the others. An accepted draft is then valued at its row's
     # seconds plus the fixed part times the share of the batch whose drafts pay at 1/ρ
-    # (:func:`drain_value`); this share's memory per plan (0: 1/ρ's value always)
+    # (``shared_costs.drain_value``); this share's memory per plan (0: 1/ρ's value always)
     drain_share_memory: float = 0.5
 
     def __post_init__(self) -> None:
@@ -122,6 +125,9 @@ class RoundCosts:
     # c: seconds one more plainly decoding request adds to a step (``StepTimes.step_model``);
     # None: ``verify_s[1]``, the price of a row whoever runs it
     request_s: float | None = None
+    # j: seconds a step pays once when any request in it verifies (``StepTimes.step_model``),
+    # shared by the requests drafting in it (:func:`~dspark.scheduler.shared_costs.verification_pays`)
+    verify_call_s: float = 0.0
 
 
 @dataclass
@@ -224,26 +230,6 @@ def upper_rates(pool: AcceptanceRecord, config: PayoffConfig) -> tuple[float, fl
     return wilson_upper(e, pool.first_tested + s, z), wilson_upper(q, pool.later_tested + s, z)
 
 
-def drain_value(a: float, b: float, num_requests: int, share: float) -> float:
-    """What an accepted draft is worth in a batch that drains, as a fraction of ``1/ρ``.
-
-    A step of ``B`` tokens takes ``t̂(B) = a + b·B``; plain decoding prices a token at
-    ``1/ρ = (a + b·R)/R``, what it is worth while the batch stays full. In a drain the batch
-    takes as long as its last request: a draft accepted by one request saves its own row of
-    a step (``b``), and the fixed part ``a`` only when every request gains together. With a
-    ``share`` of the batch drafting, one accepted draft is valued ``b + share·a/R``:
-
-        w = (b·R + share·a) / (a + b·R)
-
-    1 at ``share = 1`` (the whole batch drafts: ``1/ρ``), ``b·R/(a + b·R)`` at 0. On the tiny
-    target at 16 requests a drain saved 1.38 ms of plain steps per accepted n-gram draft, priced
-    at 1/ρ = 4.16 ms (``scripts/bench_drain.py``; BENCHMARKS.md). One request is the whole batch."""
-    total = a + b * num_requests
-    if num_requests <= 1 or total <= 0:
-        return 1.0
-    return (b * num_requests + min(max(share, 0.0), 1.0) * a) / total
-
-
 def wilson_upper(p: float, n: float, z: float) -> float:
     """The upper end of the Wilson score interval of a rate ``p`` from ``n`` trials (1 without any)."""
     if n <= 0:
@@ -292,13 +278,22 @@ def best_length(
 
 
 def probe_cost(
-    e: float, q: float, length: int, *, draft_s: float, call_s: float, costs: RoundCosts, margin: float = 1.0
+    e: float,
+    q: float,
+    length: int,
+    *,
+    draft_s: float,
+    call_s: float,
+    costs: RoundCosts,
+    margin: float = 1.0,
+    step_s: float = 0.0,
 ) -> float:
     """Tokens a probe verifying ``length`` drafts is expected to cost one request, net of the
-    drafts it is expected to accept (``>= 0``): ``ρ·(d + c + v(ℓ)) − E(ℓ)`` with the per-call
-    seconds ``c`` charged whole. ``inf`` when drafting could not pay even with every draft
+    drafts it is expected to accept (``>= 0``): ``ρ·(d + c + s + v(ℓ)) − E(ℓ)`` with the per-call
+    seconds ``c`` charged whole, and ``s = step_s`` the step's fixed part of verification where
+    the probe pays it alone. ``inf`` when drafting could not pay even with every draft
     accepted (``max_ℓ ℓ/margin − ρ·(v(ℓ) + d + c) <= 0``): no outcome of a probe would change
-    the verdict."""
+    the verdict (``s`` left out there: a batch drafting together shares it)."""
     rho, K = costs.tokens_per_s, len(costs.verify_s) - 1
     overhead = rho * (draft_s + call_s)
     perfect = max((ell / margin - rho * costs.verify_s[ell] for ell in range(1, K + 1)), default=0.0)
@@ -309,7 +304,7 @@ def probe_cost(
     for k in range(length):  # E(ℓ) / margin, summed as best_length (and payoff_batch) sum it
         accepted += e * q**k / margin
     net = accepted - rho * costs.verify_s[length] - overhead
-    return max(0.0, -net)
+    return max(0.0, rho * step_s - net)
 
 
 def probe_value(e: float, gain_if_accepted: float, gain_if_missed: float, horizon: float) -> float:
@@ -400,7 +395,7 @@ class PayoffController:
         ``priors``: ``(e, q)`` per proposer that the request's own rates shrink to (the
         pooled rates of every request, so a new request starts from what others saw);
         ``blocked``: proposers that may only be probed this round (their shared per-call
-        cost is not repaid by the batch, :func:`shared_call_pays`); ``gains``: what
+        cost is not repaid by the batch, ``shared_costs.shared_call_pays``); ``gains``: what
         :meth:`gains` returns for these arguments, when the caller has it already;
         ``probe_costs``: :func:`probe_cost` per proposer (missing: 0, the probe clock alone);
         ``probe_values``: :func:`probe_value` per proposer (missing: the cost decides alone);
@@ -445,14 +440,6 @@ def probe_wait(cost: float, config: PayoffConfig) -> float:
     """Skipped rounds before a probe costing ``cost`` tokens is due: its cost spread over them
     is ``probe_budget`` of the tokens plain decoding makes meanwhile (``inf``: never)."""
     return cost / config.probe_budget
-
-
-def shared_call_pays(gains: Sequence[float], call_s: float, tokens_per_s: float) -> bool:
-    """Does one drafter call repay its per-call seconds ``call_s`` (shared by the requests
-    drafting with it) from ``gains``, those requests' net gains in tokens priced with the
-    per-request seconds only? Each drafting request adds its own gain; the call costs
-    ``ρ · call_s`` tokens once."""
-    return sum(g for g in gains if g > 0) > tokens_per_s * call_s
 
 
 def shadow_outcome(proposal: Sequence[int], emitted: Sequence[int]) -> tuple[int, int] | None:

@@ -29,8 +29,8 @@ from dspark.scheduler.payoff import (
     PayoffController,
     RoundCosts,
     probe_wait,
-    shared_call_pays,
 )
+from dspark.scheduler.shared_costs import shared_call_pays
 
 _EMPTY = AcceptanceRecord()
 QUIET_FOREVER = 1 << 30  # quiet_margin of a row no probe can fall due for
@@ -113,6 +113,7 @@ def batch_probe_cost(
     call_s: float,
     costs: RoundCosts,
     margin: float = 1.0,
+    step_s: float = 0.0,
 ) -> np.ndarray:
     """``[R]``: :func:`~dspark.scheduler.payoff.probe_cost` of each row of :func:`batch_net`'s ``net``."""
     R, K = net.shape
@@ -122,7 +123,7 @@ def batch_probe_cost(
     length = min(length, K)
     if length < 1:
         return np.full(R, np.inf)
-    cost = np.maximum(0.0, -(net[:, length - 1] - overhead))
+    cost = np.maximum(0.0, rho * step_s - (net[:, length - 1] - overhead))
     return np.where(perfect - overhead <= 0, np.inf, cost)
 
 
@@ -230,7 +231,7 @@ def quiet_margin(
 
 
 def shared_call_repaid(gains: dict[str, np.ndarray], name: str, call_s: float, tokens_per_s: float) -> bool:
-    """:func:`~dspark.scheduler.payoff.shared_call_pays` over the rows that would draft with
+    """:func:`~dspark.scheduler.shared_costs.shared_call_pays` over the rows that would draft with
     ``name`` (it can propose and no other proposer gains more for the row)."""
     top = np.maximum.reduce(list(gains.values()))  # [R]
     g = gains[name]
@@ -255,6 +256,29 @@ def join_probe_call(
         rival = max([0.0] + [float(g[i]) for name, (g, _) in gains.items() if name != model])
         if g_model[i] > rival:
             choices[i] = ctrls[i].drafts(model, int(ell_model[i]))
+
+
+def join_verifying_step(
+    choices: list[Choice],
+    ctrls: list[PayoffController],
+    gains: Mapping[str, tuple[Sequence[float], Sequence[int]]],
+    blocked: Sequence[str],
+) -> None:
+    """When the batch does not repay the fixed part of a step in which anybody verifies
+    (:func:`~dspark.scheduler.shared_costs.verification_pays`) but some request verifies this round
+    anyway (a probe), the step pays it: every request left plain whose own gain with a proposer
+    it may use is positive drafts with the best of them (in place). ``blocked``: proposers whose
+    shared call the batch does not repay, usable only where some request calls them anyway."""
+    calling = {c.proposer for c in choices if c.proposer is not None}
+    if not calling:
+        return
+    usable = [name for name in gains if name not in blocked or name in calling]
+    for i, choice in enumerate(choices):
+        if choice.proposer is not None or not usable:
+            continue
+        name = max(usable, key=lambda n: float(gains[n][0][i]))
+        if float(gains[name][0][i]) > 0:
+            choices[i] = ctrls[i].drafts(name, int(gains[name][1][i]))
 
 
 def keep_q_observable(choices: list[Choice], caps: np.ndarray | None, model: str) -> None:

@@ -24,24 +24,30 @@ A row is not a row, though: a request's first row reads its whole KV cache and c
 its sampling and bookkeeping, and the drafts it verifies reuse them. The prices come from
 a plane over the same steps (:meth:`StepTimes.step_model`),
 
-    t̂(R, e) = a + c·R + b·e,    a, c, b >= 0,
+    t̂(R, e) = a + c·R + b·e + j·[e > 0],    a, c, b, j >= 0,
 
 ``R`` the step's requests and ``e`` their rows beyond one each, with the line as its
 prior: ``ρ = R / (a + c·R)`` and ``v(ℓ) = b·ℓ``. On the tiny target's engine steps at 16
 requests ``c`` was 1.2-1.25 ms and ``b`` 0.4-0.6 ms, where the line priced both at 0.8-0.9 ms
-(``scripts/bench_step_model.py --regression``).
+(``scripts/bench_step_model.py --regression``). A step in which any request verifies also
+pays a fixed ``j`` (a second attention group, verification's own fixed work), shared by the
+requests that draft in it like a drafter call's fixed part.
 
-A step time affine in the extra rows makes verification cost separable: ℓ more rows for
-one request add ``b·ℓ`` to the step whatever the others verify, so the per-request
-decision of ``scheduler/payoff.py`` prices the batch's shared step exactly. Only past
+Beyond ``j``, a step time affine in the extra rows makes verification cost separable: ℓ more
+rows for one request add ``b·ℓ`` to the step whatever the others verify, so the per-request
+decision of ``scheduler/payoff.py`` prices the batch's shared step exactly, and whether the
+requests drafting together repay ``j`` is one sum
+(:func:`~dspark.scheduler.shared_costs.verification_pays`). Only past
 forwards are read, never a draft, so decisions priced with these stay lossless.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from dspark.scheduler.profile import SpsTable
 
@@ -106,69 +112,61 @@ def fit_line(
 
 @dataclass
 class DecayedPlane:
-    """Decayed sufficient statistics of points ``(x1, x2, y)`` for a least-squares plane."""
+    """Decayed sufficient statistics of points ``(x_1 .. x_n, y)`` for a least-squares fit
+    affine in the ``x``: the moments ``Σ w z zᵀ`` of ``z = [1, x_1 .. x_n, y]``."""
 
     memory: float = 0.95
-    m: list[list[float]] = field(default_factory=lambda: [[0.0] * 4 for _ in range(4)])  # Σ w z zᵀ
+    dims: int = 2  # n
+    m: list[list[float]] = field(init=False)  # [n + 2, n + 2]
 
-    def observe(self, x1: float, x2: float, y: float) -> None:
-        z = (1.0, x1, x2, y)  # [1, x1, x2, y]: the moments of the normal equations
-        for i in range(4):
-            row = self.m[i]
-            for j in range(4):
-                row[j] = self.memory * row[j] + z[i] * z[j]
+    def __post_init__(self) -> None:
+        self.m = [[0.0] * (self.dims + 2) for _ in range(self.dims + 2)]
+
+    def observe(self, xs: Sequence[float], y: float) -> None:
+        z = (1.0, *xs, y)
+        assert len(z) == self.dims + 2, (xs, self.dims)
+        for zi, row in zip(z, self.m):
+            for j, zj in enumerate(z):
+                row[j] = self.memory * row[j] + zi * zj
 
     @property
     def w(self) -> float:
         return self.m[0][0]
 
 
-def fit_plane(
-    plane: DecayedPlane, prior: Sequence[tuple[float, float, float]] = (), prior_weight: float = 0.0
-) -> tuple[float, float, float]:
-    """``(a, c, b)``: the least-squares ``y ≈ a + c·x1 + b·x2`` with every coefficient ``>= 0``,
-    over ``plane``'s points and ``prior`` points of total weight ``prior_weight`` (they keep a
-    direction the points do not span at the prior's slope). The best of the non-negative
-    solutions over every subset of the three coefficients (the constrained optimum is one)."""
+def fit_plane(plane: DecayedPlane, ridge: Sequence[tuple[float, float]] = ()) -> tuple[float, ...]:
+    """``(β_0 .. β_n)``: the least-squares ``y ≈ β_0 + Σ β_i·x_i`` with every coefficient ``>= 0``
+    over ``plane``'s points, each coefficient ``k`` held by ``ridge[k] = (β⁰_k, λ_k)`` (a penalty
+    ``λ_k (β_k − β⁰_k)²``: a pseudo-observation of that coefficient alone, which keeps a
+    direction the points do not span at ``β⁰_k`` and gives way where they do). The best of the
+    non-negative solutions over every subset of the coefficients (the constrained optimum is
+    one); all zero without points."""
+    n = plane.dims + 1  # coefficients
     m = [row[:] for row in plane.m]
-    if prior:  # the prior's moments (upper triangle, in locals: a plan prices this every step)
-        s1 = sx1 = sx2 = sy = sx1x1 = sx1x2 = sx1y = sx2x2 = sx2y = syy = 0.0
-        for x1, x2, y in prior:
-            s1 += 1.0
-            sx1 += x1
-            sx2 += x2
-            sy += y
-            sx1x1 += x1 * x1
-            sx1x2 += x1 * x2
-            sx1y += x1 * y
-            sx2x2 += x2 * x2
-            sx2y += x2 * y
-            syy += y * y
-        pw = prior_weight / len(prior)
-        upper = ((0, 0, s1), (0, 1, sx1), (0, 2, sx2), (0, 3, sy), (1, 1, sx1x1), (1, 2, sx1x2))
-        upper += ((1, 3, sx1y), (2, 2, sx2x2), (2, 3, sx2y), (3, 3, syy))
-        for i, j, v in upper:
-            m[i][j] += pw * v
-            if i != j:
-                m[j][i] += pw * v
+    for k, (target, lam) in enumerate(ridge):
+        m[k][k] += lam
+        m[k][n] += lam * target
+        m[n][k] += lam * target
+        m[n][n] += lam * target * target
     if m[0][0] <= 0:
-        return 0.0, 0.0, 0.0
-    whole = _solve([r[:3] for r in m[:3]], [r[3] for r in m[:3]])
+        return (0.0,) * n
+    whole = _solve([r[:n] for r in m[:n]], [r[n] for r in m[:n]])
     if whole is not None and min(whole) >= 0:  # the unconstrained optimum is feasible: it is the one
-        return whole[0], whole[1], whole[2]
-    best, best_sse = (0.0, 0.0, 0.0), m[3][3]  # all zero: SSE = Σ w y²
-    for subset in ((0, 1), (0, 2), (1, 2), (0,), (1,), (2,)):
-        coef = _solve([[m[i][j] for j in subset] for i in subset], [m[i][3] for i in subset])
+        return tuple(whole)
+    best, best_sse = (0.0,) * n, m[n][n]  # all zero: SSE = Σ w y²
+    subsets = (s for k in range(n - 1, 0, -1) for s in itertools.combinations(range(n), k))
+    for subset in subsets:
+        coef = _solve([[m[i][j] for j in subset] for i in subset], [m[i][n] for i in subset])
         if coef is None or min(coef) < 0:
             continue
-        full = [0.0, 0.0, 0.0]
-        for i, v in zip(subset, coef):
-            full[i] = v
-        # Σ w (y − βᵀz)² = Σ w y² − 2 βᵀ Σ w z y + βᵀ (Σ w z zᵀ) β
-        sse = m[3][3] - 2 * sum(full[i] * m[i][3] for i in range(3))
-        sse += sum(full[i] * full[j] * m[i][j] for i in range(3) for j in range(3))
+        # Σ w (y − βᵀz)² = Σ w y² − 2 βᵀ Σ w z y + βᵀ (Σ w z zᵀ) β over the subset
+        sse = m[n][n] - 2 * sum(c * m[i][n] for i, c in zip(subset, coef))
+        sse += sum(ci * cj * m[i][j] for i, ci in zip(subset, coef) for j, cj in zip(subset, coef))
         if sse < best_sse - 1e-18:
-            best, best_sse = (full[0], full[1], full[2]), sse
+            full = [0.0] * n
+            for i, c in zip(subset, coef):
+                full[i] = c
+            best, best_sse = tuple(full), sse
     return best
 
 
@@ -199,6 +197,19 @@ def prior_sizes(lo: int, hi: int) -> tuple[int, ...]:
     return tuple(sorted({round(lo + (hi - lo) * i / max(n - 1, 1)) for i in range(n)}))
 
 
+class StepModel(NamedTuple):
+    """Seconds of an engine step of ``R`` requests verifying ``e`` rows beyond one each:
+    ``a + c·R + b·e + j·[e > 0]`` (:meth:`StepTimes.step_model`)."""
+
+    a: float  # per step
+    c: float  # per request (its first row)
+    b: float  # per verified row
+    j: float  # once per step in which any request verifies
+
+    def __call__(self, num_requests: int, extra: int) -> float:
+        return self.a + self.c * num_requests + self.b * extra + (self.j if extra > 0 else 0.0)
+
+
 @dataclass
 class StepTimes:
     """Observed step seconds fitted affine in the step's rows, over a profile prior, and
@@ -207,17 +218,18 @@ class StepTimes:
     profile: SpsTable
     memory: float = 0.95  # weight of the past per observation (~20 steps)
     prior_weight: float = 2.0  # pseudo-observations behind the profile's shape
+    slope_prior: float = 0.1  # pseudo-steps behind the plane's slopes (the line's) and j (0)
     line: DecayedLine = field(init=False)
-    plane: DecayedPlane = field(init=False)  # (requests, extra rows) -> seconds
+    plane: DecayedPlane = field(init=False)  # (requests, extra rows, any verified) -> seconds
     scale_sum: float = 0.0  # decayed Σ t_obs / t_profile over every size
     scale_count: float = 0.0
-    # (lo, hi) -> (a, b) and (R, K) -> (a, c, b) since the last observation: a round prices the
+    # (lo, hi) -> (a, b) and (R, K) -> StepModel since the last observation: a round prices the
     # same sizes more than once
     _fits: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.line = DecayedLine(self.memory)
-        self.plane = DecayedPlane(self.memory)
+        self.plane = DecayedPlane(self.memory, dims=3)
 
     def observe(self, num_tokens: int, seconds: float, num_requests: int | None = None) -> None:
         """One forward of ``num_tokens`` decode/verification rows of ``num_requests`` requests
@@ -227,7 +239,8 @@ class StepTimes:
             return
         self._fits.clear()
         self.line.observe(float(num_tokens), seconds)
-        self.plane.observe(float(R), float(num_tokens - R), seconds)
+        extra = float(num_tokens - R)
+        self.plane.observe((float(R), extra, float(extra > 0)), seconds)
         self.scale_sum = self.memory * self.scale_sum + seconds * self.profile(num_tokens)
         self.scale_count = self.memory * self.scale_count + 1.0
 
@@ -246,24 +259,34 @@ class StepTimes:
             self._fits[lo, hi] = fit_line(self.line, prior, self.prior_weight)
         return self._fits[lo, hi]
 
-    def step_model(self, num_requests: int, K: int) -> tuple[float, float, float]:
-        """``(a, c, b)`` of ``t̂(R, e) = a + c·R + b·e`` for a step of ``R`` requests verifying ``e``
-        rows beyond their one each, for pricing ``R`` requests and up to ``K`` drafts each.
+    def step_model(self, num_requests: int, K: int) -> StepModel:
+        """:class:`StepModel` ``t̂(R, e) = a + c·R + b·e + j·[e > 0]`` for a step of ``R`` requests
+        verifying ``e`` rows beyond their one each, for pricing ``R`` requests and up to ``K``
+        drafts each.
 
         A request's first row and its verified drafts do not cost the same: the first reads the
         request's whole KV cache and carries its sampling and bookkeeping, the others reuse them
         (tiny target, engine steps of up to 16 requests: 1.2-1.25 ms per request and 0.4-0.6 ms
         per extra row, where one line in rows priced both at 0.8-0.9 ms). The
-        line's prices are the prior: :meth:`fit` at ``R - 1`` requests fewer or ``R·K`` rows
-        more, so where the steps seen do not tell the two apart (one batch size, or no
-        drafting) the plane is the line."""
+        line's slope is the prior of both slopes (:func:`fit_plane`'s ridge, worth
+        ``slope_prior`` steps half the pricing range apart), so where the steps seen do not tell
+        the two apart (one batch size, or no drafting) the plane prices as the line.
+
+        A step in which any request verifies also pays ``j`` once: the verifying runs attend as
+        a second group (``targets/flat.py``), and their sampling and bookkeeping have fixed
+        parts (tiny target, 3 requests on mt-bench: 4.1 ms, 2.6 ms of it in the forward, against
+        a 24 ms plain step; ``scripts/bench_step_model.py --regression``). Its prior is 0, so
+        ``j`` is what steps with and without verification tell apart. The prior holds slopes
+        only, never the level: pseudo-points on the line (the prior before ``j``) put the line's
+        level wherever it differs from the steps' into ``j``, 5-8 ms at 40 requests from plain
+        steps alone."""
         R = max(num_requests, 1)
         key = ("plane", R, K)
         if key not in self._fits:
-            la, lb = self.fit(R, R * (K + 1))
-            prior = [(float(r), 0.0, la + lb * r) for r in prior_sizes(1, R)]
-            prior += [(float(R), float(e), la + lb * (R + e)) for e in prior_sizes(1, max(R * K, 1))]
-            self._fits[key] = fit_plane(self.plane, prior, self.prior_weight)
+            _, lb = self.fit(R, R * (K + 1))
+            w = self.slope_prior
+            ridge = ((0.0, 0.0), (lb, w * (R / 2) ** 2), (lb, w * (R * K / 2) ** 2), (0.0, w))
+            self._fits[key] = StepModel(*fit_plane(self.plane, ridge))
         return self._fits[key]
 
     def seconds(self, num_tokens: int, *, span: int = 1) -> float:
@@ -272,7 +295,7 @@ class StepTimes:
         B = max(num_tokens, 1)
         if not self.line.w:
             return 1.0 / self.profile(B)
-        a, c, _ = self.step_model(B, span - 1)
+        a, c, _, _ = self.step_model(B, span - 1)
         return max(a + c * B, 1e-9)
 
     def verify_costs(self, num_requests: int, K: int) -> tuple[float, ...]:
@@ -293,8 +316,13 @@ class StepTimes:
                 worst = max(worst, (1.0 / self.profile(R + R * ell) - base) / R)
                 out.append(worst)
             return tuple(out), R / base
-        a, c, b = self.step_model(R, K)
+        a, c, b, _ = self.step_model(R, K)
         return tuple(b * ell for ell in range(K + 1)), R / max(a + c * R, 1e-9)
+
+    def verifying_step_s(self, num_requests: int, K: int) -> float:
+        """``j``: seconds a step of ``num_requests`` requests pays once when any of them verifies
+        (0 before any step: the profile has no such part)."""
+        return self.step_model(num_requests, K).j if self.line.w else 0.0
 
     def tokens_per_s(self, num_requests: int, K: int = 0) -> float:
         """``ρ``: tokens per second plain decoding makes with ``num_requests`` requests."""

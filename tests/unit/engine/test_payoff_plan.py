@@ -18,21 +18,17 @@ from dspark.engine.requests import Request
 from dspark.protocols import SamplingParams, SequenceState
 from dspark.scheduler import FirstAcceptPredictor
 from dspark.scheduler.payoff import (
-    PLAIN,
-    AcceptanceRecord,
     Choice,
     PayoffConfig,
     PayoffController,
     RoundCosts,
     best_length,
-    drain_value,
     probe_cost,
     probe_value,
-    shared_call_pays,
     upper_rates,
     wilson_upper,
 )
-from dspark.scheduler.payoff_batch import join_probe_call
+from dspark.scheduler.shared_costs import shared_call_pays, verification_pays
 
 from .conftest import VOCAB
 from .drafters import NoisyOracleDrafter
@@ -86,6 +82,15 @@ def reference_plan(payoff: PayoffDrafting, decoding: list[Request], K: int):
             g[MODEL][0] for g in every_gains if MODEL in g and g[MODEL][0] >= max(v[0] for v in g.values())
         ]
         blocked = () if shared_call_pays(model, call_s, costs.tokens_per_s) else (MODEL,)
+    # the step's fixed part of verification, judged on the same gains (the model's at its bound)
+    names = list(every_caps[0]) if every_caps else []
+    judged = [
+        r.payoff.gains(c, o, bounds if call_s > 0 else priors, scales)
+        for r, c, o in zip(decoding, every_caps, every_costs)
+    ]
+    usable = {n: [g.get(n, (-np.inf, 0))[0] for g in judged] for n in names if n not in blocked}
+    gated = not verification_pays(usable, costs, {MODEL: call_s})
+    probe_step_s = costs.verify_call_s if gated else 0.0
     every_probes, every_values = [], []
     for req, caps, own in zip(decoding, every_caps, every_costs):
         probes, values = {}, {}
@@ -93,7 +98,14 @@ def reference_plan(payoff: PayoffDrafting, decoding: list[Request], K: int):
             record, prior, d = req.payoff.record(MODEL), priors.get(MODEL), own.draft_s.get(MODEL, 0.0)
             e, q = priced_rates(record, prior)
             probes[MODEL] = probe_cost(
-                e, q, config.probe_length, draft_s=d, call_s=call_s, costs=own, margin=config.margin
+                e,
+                q,
+                config.probe_length,
+                draft_s=d,
+                call_s=call_s,
+                costs=own,
+                margin=config.margin,
+                step_s=probe_step_s,
             )
             after = [
                 best_length(
@@ -140,15 +152,24 @@ def reference_plan(payoff: PayoffDrafting, decoding: list[Request], K: int):
         if not tried and any(c.proposer == MODEL for c in choices):
             caps = {**caps, MODEL: 0}
         choice = req.payoff.decide(
-            caps, own, shadowed=(NGRAM,), priors=priors, blocked=blocked, probe_costs=probes,
-            probe_values=values, scales=scales,
+            caps, own, shadowed=(NGRAM,), priors=priors, blocked=tuple(names) if gated else blocked,
+            probe_costs=probes, probe_values=values, scales=scales,
         )  # fmt: skip
         choices.append(choice)
     if blocked and any(c.probe and c.proposer == MODEL for c in choices):  # the call is paid anyway
-        for i, (req, g) in enumerate(zip(decoding, every_gains)):
+        for i, (req, caps, own) in enumerate(zip(decoding, every_caps, every_costs)):
+            g = req.payoff.gains(caps, own, priors, scales)  # its own rates, not the bound
             rival = max([0.0] + [v[0] for name, v in g.items() if name != MODEL])
             if choices[i].proposer != MODEL and MODEL in g and g[MODEL][0] > rival:
                 choices[i] = req.payoff.drafts(MODEL, g[MODEL][1])
+    calling = {c.proposer for c in choices} - {None}
+    if gated and calling:  # somebody verifies anyway: the step's fixed part is paid
+        for i, (req, caps, own) in enumerate(zip(decoding, every_caps, every_costs)):
+            g = req.payoff.gains(caps, own, priors, scales)
+            g = {n: v for n, v in g.items() if n not in blocked or n in calling}
+            best = max(g, key=lambda n: g[n][0], default=None)
+            if choices[i].proposer is None and best is not None and g[best][0] > 0:
+                choices[i] = req.payoff.drafts(best, g[best][1])
     for i, (choice, caps) in enumerate(zip(choices, every_caps)):  # q stays observable
         if choice.proposer == MODEL and not choice.probe and choice.length < min(2, caps[MODEL]):
             choices[i] = Choice(MODEL, min(2, caps[MODEL]))
@@ -228,8 +249,11 @@ def priced(payoff: PayoffDrafting, rng: random.Random, *, measured: bool) -> Non
     payoff.clock = lambda: 0.0  # the plan times its lookups: a frozen clock keeps both plans equal
     if not measured:
         return
+    jump = rng.choice([0.0, 0.002, 0.02])  # the fixed part of a step in which anybody verifies
     for rows in (4, 16, 40):
         payoff.step_times.observe(rows, 0.010 + rows * rng.uniform(0.0002, 0.0006))
+        extra = rng.randrange(1, 3 * rows)
+        payoff.step_times.observe(rows + extra, 0.010 + (rows + extra) * 0.0004 + jump, rows)
     payoff.draft_s[NGRAM] = rng.uniform(0.0, 0.0002)
     for n in (1, 4, 8):
         payoff.model_costs.observe(n, rng.uniform(0.001, 0.004) + n * rng.uniform(0.0001, 0.001))
@@ -311,36 +335,6 @@ def test_both_plans_decide_as_each_request_would(target, sps, lazy, measured, af
                 ), (path, trial)  # fmt: skip
 
 
-def test_requests_that_gain_join_a_blocked_model_call_a_probe_pays_for():
-    """The batch does not repay the model's shared call, but one request probes it anyway:
-    the requests whose own gain with the model is positive and beats their choice draft too."""
-    inf = float("-inf")
-    gains = {
-        MODEL: (np.array([-0.5, 0.3, 0.2, -0.1, 0.6]), np.array([2, 4, 5, 3, 6])),
-        NGRAM: (np.array([inf, -1.0, 0.4, inf, 0.1]), np.array([0, 1, 3, 0, 2])),
-    }
-
-    def run(first: Choice) -> tuple[list[Choice], list[PayoffController]]:
-        ctrls = [
-            PayoffController(config=PayoffConfig(probe_every=4), skipped=3, interval=16) for _ in range(5)
-        ]
-        choices = [first, PLAIN, Choice(NGRAM, 3), PLAIN, Choice(NGRAM, 2)]
-        join_probe_call(choices, ctrls, gains, MODEL)
-        return choices, ctrls
-
-    choices, ctrls = run(Choice(MODEL, 2, probe=True))
-    assert choices == [
-        Choice(MODEL, 2, probe=True),
-        Choice(MODEL, 4),
-        Choice(NGRAM, 3),
-        PLAIN,
-        Choice(MODEL, 6),
-    ]
-    assert [(c.skipped, c.interval) for c in ctrls] == [(3, 16), (0, 4), (3, 16), (3, 16), (0, 4)]
-    choices, _ = run(PLAIN)  # no probe: the call is not made, nobody joins
-    assert choices == [PLAIN, PLAIN, Choice(NGRAM, 3), PLAIN, Choice(NGRAM, 2)]
-
-
 def test_rounds_chosen_to_draft_teach_realism_and_probes_do_not(target, sps):
     """The plan records what each round it chose to draft was expected to accept (unscaled);
     the outcome then feeds that proposer's :class:`Realism`. Probes, plain rounds and an
@@ -370,101 +364,3 @@ def test_rounds_chosen_to_draft_teach_realism_and_probes_do_not(target, sps):
     assert realism.accepted == pytest.approx(1.0 * payoff.config.realism_memory**0)  # unchanged
     # the realised ratio then scales the next plan's first-draft rates
     assert payoff.scales()[choice.proposer] == pytest.approx((1.0 + 8.0) / (realism.expected + 8.0))
-
-
-def test_a_shared_call_is_judged_on_the_pooled_bound_which_ages_while_nobody_drafts(sps):
-    """Exploration (``PayoffConfig.explore``, ``pool_aging``): two requests without evidence of
-    their own each gain by drafting at the pooled means, but less than the model's shared call
-    costs. On six pooled rounds its upper confidence bound repays the call and both draft
-    (each on its mean); on 100 (``POOL_MEMORY``'s span) the bound does not, until rounds in
-    which nobody observed the model have widened it again (never without aging, nor while
-    outcomes keep coming in)."""
-    rng = random.Random(5)
-
-    def payoff_and_requests(n: float, *, explore: float = 1.0, aging: float = 0.95, bounded_n: float = 0.0):
-        config = PayoffConfig(explore=explore, pool_aging=aging, probe_every=64, probe_max=64)
-        payoff = PayoffDrafting(
-            NoisyOracleDrafter({}, VOCAB), VOCAB, 7, sps, choose_proposer=False, config=config,
-            draft_costs={MODEL: 0.0},
-        )  # fmt: skip
-        payoff.clock = lambda: 0.0
-        pool = payoff.pooled[MODEL] = AcceptanceRecord(n, 0.5 * n, n, 0.5 * n, rounds=1000)  # e = q = 0.5
-        costs = payoff.costs(2)
-        mean = best_length(0.5, 0.5, 7, draft_s=0.0, costs=costs)[0]
-        assert mean > 0
-        # the call costs what two requests gain at the bound on ``bounded_n`` rounds, and 0.02 tokens more
-        # (default: halfway between what they gain at the means and at the bound, z = 1, on n rounds)
-        if bounded_n:
-            bound = upper_rates(
-                AcceptanceRecord(bounded_n, 0.5 * bounded_n, bounded_n, 0.5 * bounded_n, rounds=1000), config
-            )
-            call = 2 * best_length(*bound, 7, draft_s=0.0, costs=costs)[0] + 0.02
-        else:
-            call = mean + best_length(*upper_rates(pool, PayoffConfig()), 7, draft_s=0.0, costs=costs)[0]
-        payoff.model_call_s = lambda R: call / costs.tokens_per_s
-        reqs = requests(rng, 2, config)
-        for req in reqs:
-            req.payoff, req.shadow = PayoffController(config=config), None
-            req.max_new = len(req.generated) + 64
-        return payoff, reqs
-
-    for explore, n, want in ((0.0, 6.0, None), (1.0, 6.0, MODEL)):
-        payoff, reqs = payoff_and_requests(n, explore=explore)
-        choices, _ = payoff.plan(reqs, 7)
-        assert [c.proposer for c in choices] == [want, want], (explore, n)
-    assert reqs[0].payoff.expecting == (MODEL, pytest.approx(0.5), pytest.approx(0.5))  # the means
-
-    def first_model_round(aging: float, observe: bool = False) -> int | None:
-        payoff, reqs = payoff_and_requests(100.0, aging=aging, bounded_n=100.0)
-        for i in range(60):
-            if observe:  # someone drafted with it: e = q = 0.5 still
-                payoff._observe(SimpleNamespace(payoff=PayoffController()), MODEL, 3, 2 * (i % 2))
-            choices, _ = payoff.plan(reqs, 7)
-            if any(c.proposer == MODEL for c in choices):
-                return i
-        return None
-
-    aged = first_model_round(0.95)
-    assert aged is not None and aged > 0
-    assert first_model_round(1.0) is None
-    assert first_model_round(0.95, observe=True) is None
-
-
-def test_a_draining_batch_drafts_together_or_not_at_all(sps):
-    """While a batch drains (``Engine.generate``: nobody queued) an accepted draft is valued by
-    ``drain_value`` at the share of the batch whose drafts would pay at ``1/ρ``: requests
-    whose drafts pay at ``1/ρ`` draft while that share is high, and not once it has fallen
-    (alone, an accepted draft saves its row, ``b``, and a verified one costs as much); the
-    share follows what ``1/ρ`` would say, not what the round was priced at, so a batch that
-    turns predictable drafts together again; a batch that does not drain keeps ``1/ρ``."""
-    config = PayoffConfig(probe_every=64, probe_max=64)
-
-    def plan(draining: bool, share: float, accepted: int) -> tuple[list[str | None], PayoffDrafting]:
-        payoff = PayoffDrafting(
-            NoisyOracleDrafter({}, VOCAB), VOCAB, 7, sps, choose_proposer=False, config=config,
-            draft_costs={MODEL: 0.0},
-        )  # fmt: skip
-        payoff.clock = lambda: 0.0
-        payoff.draining, payoff.paying_share = draining, share
-        reqs = requests(random.Random(3), 8, config)
-        for req in reqs:
-            req.payoff, req.shadow = PayoffController(config=config), None
-            req.max_new = len(req.generated) + 64
-            for _ in range(20):
-                req.payoff.observe(MODEL, 7, accepted)
-        payoff.pooled[MODEL] = copy.deepcopy(reqs[0].payoff.record(MODEL))  # every request tries it
-        return [c.proposer for c in payoff.plan(reqs, 7)[0]], payoff
-
-    _, payoff = plan(True, 0.0, 0)
-    costs = payoff.costs(8)
-    b = costs.verify_s[1]
-    a = 8 / costs.tokens_per_s - 8 * b
-    assert 0.2 < drain_value(a, b, 8, 0.0) < 0.9  # a fair fixed part at 8 requests
-    for accepted, pays in ((0, False), (1, True), (5, True)):
-        assert plan(False, 0.0, accepted)[0] == [MODEL if pays else None] * 8, accepted  # 1/ρ's value
-        assert plan(True, 1.0, accepted)[0] == [MODEL if pays else None] * 8, accepted  # together
-        drafted, low = plan(True, 0.0, accepted)
-        assert drafted == [None] * 8, accepted  # alone a row never repays the verification
-        m = config.drain_share_memory  # ... and the share recovers where 1/ρ says drafting pays
-        assert low.paying_share == pytest.approx((1 - m) * pays), accepted
-    assert plan(True, 0.5, 5)[1].paying_share == pytest.approx(0.5 * m + (1 - m))

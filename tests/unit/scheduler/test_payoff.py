@@ -11,16 +11,15 @@ from dspark.scheduler.payoff import (
     Realism,
     RoundCosts,
     best_length,
-    drain_value,
     expected_accepted,
     explored_length,
     probe_cost,
     probe_value,
     shadow_outcome,
-    shared_call_pays,
     upper_rates,
     wilson_upper,
 )
+from dspark.scheduler.shared_costs import drain_value, shared_call_pays, verification_pays
 
 # A batch-1 machine in units of one decode step (10 ms): each verified token adds 5 % of a
 # step (v(ℓ) = 0.05 ℓ steps), plain decoding makes 100 tokens/s (ρ), the model drafter costs
@@ -89,6 +88,10 @@ def test_a_probe_costs_its_seconds_less_what_it_is_expected_to_accept():
     assert probe_cost(0.9, 0.9, 2, draft_s=0.0, call_s=0.0, costs=COSTS) == 0.0  # it would pay
     # 7 perfect drafts gain 7 - 0.35 tokens: a drafter costing 7 steps per round never can
     assert probe_cost(1.0, 1.0, 2, draft_s=7 * STEP, call_s=0.0, costs=COSTS) == float("inf")
+    # a probe that pays a step's fixed part of verification alone: 8 steps' worth more, and
+    # still probed where a batch drafting together could share it
+    alone = probe_cost(0.3, 0.5, 2, draft_s=0.4 * STEP, call_s=0.2 * STEP, costs=COSTS, step_s=8 * STEP)
+    assert alone == pytest.approx(8.25)
 
 
 def test_a_costly_probe_waits_until_it_is_a_small_share_of_plain_decoding():
@@ -300,6 +303,22 @@ def test_a_shared_drafter_call_pays_only_from_the_sum_of_its_requests_gains():
     assert shared_call_pays([0.3, 0.3, -0.5], call_s=0.5, tokens_per_s=1.0)  # 0.6 > 0.5: losers left out
     assert not shared_call_pays([0.2, 0.2], call_s=0.5, tokens_per_s=1.0)
     assert not shared_call_pays([], call_s=0.0, tokens_per_s=1.0)
+
+
+def test_a_verifying_steps_fixed_part_pays_only_from_the_drafting_requests_best_gains():
+    """ρ = 1 token/s, so seconds are tokens. Each request drafts with its best proposer where
+    that gain is positive; a drafter call used by any of them is charged once."""
+    inf = float("-inf")
+    gains = {"ngram": [0.3, inf, -0.2], "model": [0.1, 0.5, -0.1]}  # best: ngram 0.3, model 0.5
+
+    def pays(j: float, call: float = 0.0) -> bool:
+        costs = RoundCosts(verify_s=(0.0, 0.1), tokens_per_s=1.0, draft_s={}, verify_call_s=j)
+        return verification_pays(gains, costs, {"model": call})
+
+    assert pays(0.0) and pays(0.79) and not pays(0.81)  # 0.3 + 0.5 = 0.8
+    assert pays(0.5, call=0.29) and not pays(0.5, call=0.31)  # the model's call comes off first
+    assert not pays(0.1, call=0.8)
+    assert pays(0.0, call=5.0)  # no fixed part: the shared call is judged apart (shared_call_pays)
 
 
 def test_a_blocked_proposer_is_not_drafted_with_but_still_probed():

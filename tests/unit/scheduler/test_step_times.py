@@ -120,14 +120,18 @@ def test_fit_plane_recovers_an_affine_law_and_keeps_its_coefficients_non_negativ
     plane = DecayedPlane(memory=1.0)
     for x1 in (1, 2, 4, 8):
         for x2 in (0, 3, 7, 20):
-            plane.observe(x1, x2, 5.0 + 2.0 * x1 + 0.5 * x2)
+            plane.observe((x1, x2), 5.0 + 2.0 * x1 + 0.5 * x2)
     assert fit_plane(plane) == pytest.approx((5.0, 2.0, 0.5))
     falling = DecayedPlane(memory=1.0)  # more rows, cheaper (noise): that slope is 0
     for x1, x2 in ((1, 0), (2, 0), (4, 0), (2, 5), (2, 9)):
-        falling.observe(x1, x2, 5.0 + 2.0 * x1 - 0.1 * x2)
+        falling.observe((x1, x2), 5.0 + 2.0 * x1 - 0.1 * x2)
     a, c, b = fit_plane(falling)
     assert b == 0.0 and min(a, c) >= 0.0
     assert fit_plane(DecayedPlane()) == (0.0, 0.0, 0.0)
+    jump = DecayedPlane(memory=1.0, dims=3)  # a fixed part wherever x2 > 0
+    for x1, x2 in ((1, 0), (2, 0), (4, 0), (2, 5), (2, 9), (4, 3), (1, 7)):
+        jump.observe((x1, x2, float(x2 > 0)), 5.0 + 2.0 * x1 + 0.5 * x2 + 3.0 * (x2 > 0))
+    assert fit_plane(jump) == pytest.approx((5.0, 2.0, 0.5, 3.0))
 
 
 def test_a_verified_row_is_priced_apart_from_a_decoding_requests_row():
@@ -142,7 +146,7 @@ def test_a_verified_row_is_priced_apart_from_a_decoding_requests_row():
     assert rho == pytest.approx(4 / 0.018, rel=0.02) and times.tokens_per_s(4, 7) == pytest.approx(rho)
     _, b = times.fit(4, 32)  # the line in rows prices a verified row 30 % dearer
     assert b > 1.3 * 0.0005
-    assert times.step_model(4, 7) == pytest.approx((0.010, 0.002, 0.0005), rel=0.1)
+    assert times.step_model(4, 7) == pytest.approx((0.010, 0.002, 0.0005, 0.0), rel=0.1, abs=1e-4)
 
 
 def test_without_steps_that_tell_them_apart_the_plane_prices_as_the_line():
@@ -152,3 +156,25 @@ def test_without_steps_that_tell_them_apart_the_plane_prices_as_the_line():
     _, b = times.fit(4, 32)
     verify_s, rho = times.prices(4, 7)
     assert verify_s[1] == pytest.approx(b, rel=0.15) and rho == pytest.approx(4 / 0.0216, rel=0.05)
+
+
+def test_a_step_in_which_anybody_verifies_pays_its_fixed_part_once():
+    """Steps of 4 requests: 18 ms + 0.5 ms per extra row, and 4 ms more in any step that
+    verifies. ``j`` is priced apart from the rows (a little low: the line's prior has no
+    jump); without the jump it is 0."""
+    law = lambda e: 0.018 + 0.0005 * e + 0.004 * (e > 0)  # noqa: E731
+    steps = (0, 3, 0, 7, 12, 0, 20, 28, 0, 5, 9) * 3  # extra rows of each step
+    times = StepTimes(AFFINE)
+    assert times.verifying_step_s(4, 7) == 0.0  # before any step: the profile has no such part
+    for extra in steps:
+        times.observe(4 + extra, law(extra), num_requests=4)
+    model = times.step_model(4, 7)
+    assert model.j == pytest.approx(0.004, rel=0.15) and times.verifying_step_s(4, 7) == model.j
+    assert model.b == pytest.approx(0.0005, rel=0.1) and times.verify_costs(4, 7)[2] == pytest.approx(
+        2 * model.b
+    )
+    assert model(4, 0) == pytest.approx(law(0), rel=0.02) and model(4, 6) == pytest.approx(law(6), rel=0.02)
+    smooth = StepTimes(AFFINE)
+    for extra in steps:
+        smooth.observe(4 + extra, law(extra) - 0.004 * (extra > 0), num_requests=4)
+    assert smooth.verifying_step_s(4, 7) == pytest.approx(0.0, abs=2e-4)
