@@ -86,12 +86,15 @@ def regression():
         return observe(self, num_tokens, seconds, num_requests)
 
     PD.PayoffDrafting.plan, PD.PayoffDrafting.observe_step = recorded_plan, recorded_observe
+    fitted = []  # the controller's own (a, c, b, j) at the end of each run, in ms
     for (name, c), drafter in itertools.product(itertools.product(sets, concurrencies), drafters.values()):
         reqs, seq = requests(name, c)
         eng = engine(drafter, c, seq, True)
         eng.generate(reqs[:1], SamplingParams(temperature=0.0, max_tokens=4))
         planned.clear()
         eng.generate(reqs, SamplingParams(temperature=0.0, max_tokens=64))
+        fitted.append([1e3 * x for x in eng.payoff.step_times.step_model(c, 7)])
+        print(f"  {name[-10:]:<10} c={c}: the controller's a c b j = {np.round(fitted[-1], 2)} ms")
     R, rows, drafting, ms = np.array(points, dtype=float).T
     extra, any_drafting, one = rows - R, (drafting > 0).astype(float), np.ones_like(R)
     print(f"{len(R)} steps, {int(any_drafting.sum())} drafting; ms per step =")
