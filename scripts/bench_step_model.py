@@ -10,7 +10,9 @@ times (``--modes=`` picks them; default ``line,plane,fixed``); speedups over pla
 per CPU-second of the process, and the share of rounds drafted. With ``--regression``,
 instead, the engine steps one payoff run per set observed, fitted four ways by least
 squares (``1 rows``: the line; ``1 R extra``: the plane; with the drafting requests or a
-drafting step's fixed part).
+drafting step's fixed part), the last also split into the step's parts (the forward,
+verification and commit, the plan, the schedule), and the controller's own fit at the end of
+each run.
 
     python scripts/bench_step_model.py DRAFTERS PROMPTS C[,C...] [REPEATS] [--regression] [--modes=plane,nojump]
 """
@@ -24,7 +26,10 @@ import time
 import numpy as np
 import torch
 
+import dspark.engine.draft_stage as DS
+import dspark.engine.engine as E
 import dspark.engine.payoff_drafting as PD
+import dspark.engine.verify_stage as VS
 import dspark.scheduler.step_times as ST
 from dspark.commands.loading import load_inference_target
 from dspark.data.chat import prompt_ids
@@ -68,8 +73,22 @@ def requests(name, c):
     return reqs, max(512, max(map(len, reqs)) + 65)
 
 
+def timed(part, fn, spent):
+    def wrapper(*args, **kwargs):
+        started = time.thread_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent[part] = spent.get(part, 0.0) + time.thread_time() - started
+
+    return wrapper
+
+
+PARTS = ("forward", "verify", "plan", "schedule")  # the parts of a step split by --regression
+
+
 def regression():
-    points, planned = [], {}
+    points, planned, spent, split = [], {}, {}, []
     plan, observe = PD.PayoffDrafting.plan, PD.PayoffDrafting.observe_step
 
     def recorded_plan(self, decoding, K):
@@ -82,10 +101,16 @@ def regression():
             points.append(
                 (planned["R"], num_tokens, planned["drafting"], 1e3 * (seconds - self.model_step_s))
             )
+            split.append([1e3 * spent.get(part, 0.0) for part in PARTS])
         planned.clear()
+        spent.clear()
         return observe(self, num_tokens, seconds, num_requests)
 
-    PD.PayoffDrafting.plan, PD.PayoffDrafting.observe_step = recorded_plan, recorded_observe
+    PD.PayoffDrafting.plan = timed("plan", recorded_plan, spent)
+    PD.PayoffDrafting.observe_step = recorded_observe
+    E.flat_forward = timed("forward", E.flat_forward, spent)
+    VS.VerifyStage.verify_and_commit = timed("verify", VS.VerifyStage.verify_and_commit, spent)
+    DS.DraftStage.schedule = timed("schedule", DS.DraftStage.schedule, spent)
     fitted = []  # the controller's own (a, c, b, j) at the end of each run, in ms
     for (name, c), drafter in itertools.product(itertools.product(sets, concurrencies), drafters.values()):
         reqs, seq = requests(name, c)
@@ -107,6 +132,9 @@ def regression():
         X = np.stack(cols, 1)
         coef = np.linalg.lstsq(X, ms, rcond=None)[0]
         print(f"  {name:<20} {np.round(coef, 2)}  rms {np.sqrt(np.mean((X @ coef - ms) ** 2)):.2f} ms")
+    X = np.stack((one, R, extra, any_drafting), 1)
+    for part, y in zip(PARTS, np.array(split).T):  # each part's share of the same fit
+        print(f"    {part:<18} {np.round(np.linalg.lstsq(X, y, rcond=None)[0], 2)}")
 
 
 def compare():

@@ -53,3 +53,31 @@ def test_ctrl_c_names_the_checkpoint_and_the_rerun_says_it_resumed(tmp_path):
     rerun = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr
     assert f"resumed from step {step} of 40" in rerun.stderr, rerun.stderr
+
+
+def test_ctrl_c_inside_a_save_names_the_checkpoint_it_put_in_place(tmp_path, monkeypatch, caplog):
+    """Ctrl-C after ``latest`` names the new checkpoint but before ``save`` returns (what the
+    test above hits now and then): the message names what is on disk, not the one before."""
+    from dspark.cli import main
+    from dspark.training.run import Trainer
+
+    data = tmp_path / "answers.jsonl"
+    turn = [{"role": "user", "content": "2 + 3?"}, {"role": "assistant", "content": "5. \\boxed{5}"}]
+    data.write_text("\n".join(json.dumps({"conversations": turn}) for _ in range(4)) + "\n")
+    out = tmp_path / "run"
+    save = Trainer.save
+
+    def save_then_interrupted(self, step):
+        save(self, step)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "save", save_then_interrupted)
+    argv = [
+        "--threads", "1", "train", "--drafter", "dflash", "--data", str(data), "--out", str(out),
+        "--steps", "10", "--save-every", "2", "--batch-size", "2", "--micro-batch-size", "2",
+        "--max-length", "64", "--num-anchors", "8",
+    ]  # fmt: skip
+    with caplog.at_level("WARNING", logger="dspark.training.trainer"):
+        assert main(argv) == 130
+    said = [r.getMessage() for r in caplog.records if "interrupted" in r.getMessage()]
+    assert len(said) == 1 and "the last checkpoint is" in said[0] and "step_00000002" in said[0], said

@@ -35,6 +35,7 @@ from torch import nn
 from dspark import distributed
 from dspark.data.samples import TrainDataset, TrainSample
 from dspark.distributed import World
+from dspark.training.checkpoint import latest_checkpoint
 from dspark.training.config import NonFiniteLossError, TrainConfig, TrainResult
 from dspark.training.metrics_log import MetricMeans, MetricsLog
 from dspark.training.run import OnlineEval, StepStats, Trainer
@@ -136,6 +137,8 @@ def train(
                 break
     except KeyboardInterrupt:
         if world.is_main:
+            # Ctrl-C may land inside ``save`` after the checkpoint went in place: what is on disk says
+            last_ckpt = latest_checkpoint(trainer.ckpt_root, verify=False) or last_ckpt
             log.warning("%s", interrupted_message(last_ckpt, cfg))
         raise
     finally:
