@@ -92,6 +92,7 @@ def regression():
     plan, observe = PD.PayoffDrafting.plan, PD.PayoffDrafting.observe_step
 
     def recorded_plan(self, decoding, K):
+        spent.clear()  # a step's parts start here (a step in prefill was not observed)
         choices, lookups = plan(self, decoding, K)
         planned.update(R=len(decoding), drafting=sum(c.proposer is not None for c in choices))
         return choices, lookups
