@@ -274,8 +274,8 @@ class StepTimes:
 
         A step in which any request verifies also pays ``j`` once: the verifying runs attend as
         a second group (``targets/flat.py``), and their sampling and bookkeeping have fixed
-        parts (tiny target, 3 requests on mt-bench: 4.1 ms, 2.6 ms of it in the forward, against
-        a 24 ms plain step; ``scripts/bench_step_model.py --regression``). Its prior is 0, so
+        parts (tiny target, DFlash at 4 requests: 3.1 ms, 1.9 ms of it in the forward, against a
+        ~25 ms plain step; ``scripts/bench_step_model.py --regression``). Its prior is 0, so
         ``j`` is what steps with and without verification tell apart. The prior holds slopes
         only, never the level: pseudo-points on the line (the prior before ``j``) put the line's
         level wherever it differs from the steps' into ``j``, 5-8 ms at 40 requests from plain
