@@ -1,16 +1,17 @@
 """The step prices of payoff control: one line in rows against the plane in requests and extra rows (issue 17).
 
 Per prompt set and concurrency, the same greedy requests decoded plainly, then by each drafter
-under payoff control priced with the plane (``plane``: ``StepTimes.step_model`` as shipped,
-a verified row priced apart from a decoding request's, and a step in which anybody verifies
-paying its fixed part ``j``), with the plane's ``j`` left unpriced (``nojump``: ``j = 0``,
-so no round is gated on it), with the line in rows alone (``line``: ``step_model``
-replaced by the line's ``(a, b, b, 0)``), and with ``fixed`` drafting, in turn, ``REPEATS``
-times (``--modes=`` picks them; default ``line,plane,fixed``); speedups over plain decoding
-per CPU-second of the process, and the share of rounds drafted. With ``--regression``,
-instead, the engine steps one payoff run per set observed, fitted four ways by least
-squares (``1 rows``: the line; ``1 R extra``: the plane; with the drafting requests or a
-drafting step's fixed part), the last also split into the step's parts (the forward,
+under payoff control priced with the plane (``plane``: ``StepTimes.step_model`` as shipped, a
+verified row priced apart from a decoding request's, and a step in which anybody verifies
+paying its fixed part ``j``), with the plane's ``j`` left unpriced (``nojump``: ``j = 0``, so
+no round is gated on it), with ``j`` at least 2 ms (``jfloor``: what a profiled prior of its
+forward part would give where no step tells it apart), with the line in rows alone (``line``:
+``step_model`` replaced by the line's ``(a, b, b, 0)``), and with ``fixed`` drafting, in turn,
+``REPEATS`` times (``--modes=`` picks them; default ``line,plane,fixed``); speedups over plain
+decoding per CPU-second of the process, and the share of rounds drafted. With
+``--regression``, instead, the engine steps one payoff run per set observed, fitted four ways
+by least squares (``1 rows``: the line; ``1 R extra``: the plane; with the drafting requests
+or a drafting step's fixed part), the last also split into the step's parts (the forward,
 verification and commit, the plan, the schedule), and the controller's own fit at the end of
 each run.
 
@@ -41,6 +42,7 @@ from dspark.protocols import SamplingParams
 torch.set_num_threads(1)
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 REGRESSION = "--regression" in sys.argv
+J_FLOOR = 0.002  # seconds: the ``jfloor`` mode's least j
 MODES = next((a[8:] for a in sys.argv if a.startswith("--modes=")), "line,plane,fixed").split(",")
 target = load_inference_target(None, "float32")
 drafters = {n: build_drafter(n, target) for n in args[0].split(",")}
@@ -57,6 +59,11 @@ def line_model(self, R, K):
 
 def nojump_model(self, R, K):
     return plane(self, R, K)._replace(j=0.0)
+
+
+def jfloor_model(self, R, K):  # what a profiled prior of j's forward part would give
+    model = plane(self, R, K)
+    return model._replace(j=max(model.j, J_FLOOR))
 
 
 def engine(drafter, c, seq, payoff):
@@ -143,7 +150,7 @@ def compare():
         reqs, seq = requests(name, c)
         seconds, tokens, drafted, outputs = {}, {}, {}, {}
         variants = [("plain", None)] + [(f"{d} {m}", d) for d in drafters for m in MODES]
-        models = {"line": line_model, "nojump": nojump_model}
+        models = {"line": line_model, "nojump": nojump_model, "jfloor": jfloor_model}
         for _ in range(repeats):
             for key, d in variants:
                 mode = key.split()[-1]
