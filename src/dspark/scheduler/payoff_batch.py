@@ -270,11 +270,11 @@ def join_verifying_step(
     it may use is positive drafts with the best of them (in place). ``blocked``: proposers whose
     shared call the batch does not repay, usable only where some request calls them anyway."""
     calling = {c.proposer for c in choices if c.proposer is not None}
-    if not calling:
-        return
     usable = [name for name in gains if name not in blocked or name in calling]
+    if not (calling and usable):
+        return
     for i, choice in enumerate(choices):
-        if choice.proposer is not None or not usable:
+        if choice.proposer is not None:
             continue
         name = max(usable, key=lambda n: float(gains[n][0][i]))
         if float(gains[name][0][i]) > 0:
