@@ -246,6 +246,12 @@ def main_bench_matrix(args: argparse.Namespace) -> int:
             f"{len(check['below_95pct_of_best_static'])}; greedy identical everywhere: "
             f"{check['all_identical']}"
         )
+        decide = [u["repeats_to_decide"] for u in check["below_floor_undecided"] if u["repeats_to_decide"]]
+        if decide:
+            print(
+                f"below 0.97x within two standard errors: {len(decide)} cell(s); at their readings "
+                f"about {max(decide)} repeats would decide them (--repeats)"
+            )
         print(f"run conditions: {conditions.describe()}")
     if conditions.warning():
         print(f"warning: {conditions.warning()}", file=sys.stderr)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -59,6 +60,7 @@ class Cell:
     # which the A/A test of plain decoding does not see (issue 17, stop 32: A/A 0.2 % where two
     # processes read one cell 0.91× and 0.95×)
     spread: float = 0.0
+    repeats: int = 1  # the repeats behind ``spread``
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,7 @@ def speed_matrix(
                 identical=run.outputs is not None and run.outputs == plain.outputs,
                 noise=noise,
                 spread=_standard_error(ratios[(drafter_name, method)]),
+                repeats=repeats,
             )
             cells.append(cell)
             if progress is not None:
@@ -186,13 +189,29 @@ def _standard_error(values: Sequence[float]) -> float:
     return statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
 
 
+def repeats_to_decide(cell: Cell, floor: float) -> int | None:
+    """About how many repeats would put ``cell``'s speedup two standard errors from ``floor``, if
+    it kept its reading and the scatter of one repeat (``spread · √repeats``):
+    ``⌈(2·sd / |floor − speedup|)²⌉``. None without a scatter (one repeat) or on the floor.
+
+    On a 2-vCPU VM one repeat's speedup scatters by 0.06–0.11, so a cell 3 % from the floor
+    takes about 20 repeats where 3 leave it undecided (BENCHMARKS.md, issue 17 at its close)."""
+    gap = abs(floor - cell.speedup)
+    if cell.spread <= 0 or cell.repeats < 2 or gap == 0:
+        return None
+    return math.ceil((2 * cell.spread * math.sqrt(cell.repeats) / gap) ** 2)
+
+
 def goals(cells: list[Cell], *, floor: float = 0.97, keep: float = 0.95) -> dict:
     """Issue 17's goals over the payoff cells: every speedup >= ``floor``, and >= ``keep`` of
     the best static policy's where that one is above 1 (speculation pays). ``beyond_noise``:
     the cells below the floor by more than their pair's A/A ``noise``; ``beyond_spread``: by
-    more than two standard errors of their repeats (``spread``)."""
+    more than two standard errors of their repeats (``spread``); ``undecided``: the cells below
+    the floor within two standard errors, with the repeats that would decide each
+    (:func:`repeats_to_decide`)."""
     payoff = {(c.prompt_set, c.drafter, c.concurrency): c for c in cells if c.method == PAYOFF}
     below_floor, below_keep, beyond_noise, beyond_spread = [], [], [], []
+    undecided: dict[tuple[str, str, int], int | None] = {}
     for key, cell in payoff.items():
         static = [
             c.speedup for c in cells if c.method != PAYOFF and (c.prompt_set, c.drafter, c.concurrency) == key
@@ -204,6 +223,8 @@ def goals(cells: list[Cell], *, floor: float = 0.97, keep: float = 0.95) -> dict
             beyond_noise.append(key)
         if cell.speedup < floor - 2 * cell.spread:
             beyond_spread.append(key)
+        elif cell.speedup < floor:
+            undecided[key] = repeats_to_decide(cell, floor)
         if best > 1.0 and cell.speedup < keep * best:
             below_keep.append(key)
     return {
@@ -213,6 +234,7 @@ def goals(cells: list[Cell], *, floor: float = 0.97, keep: float = 0.95) -> dict
         "below_floor_beyond_noise": beyond_noise,
         # ... and by more than two standard errors of their own repeats (``Cell.spread``)
         "below_floor_beyond_spread": beyond_spread,
+        "below_floor_undecided": [{"cell": key, "repeats_to_decide": n} for key, n in undecided.items()],
         "max_noise": max((c.noise for c in payoff.values()), default=None),
         "below_95pct_of_best_static": below_keep,
         "all_identical": all(c.identical for c in cells),

@@ -81,3 +81,22 @@ def test_a_cell_reports_how_far_its_own_repeats_scatter(monkeypatch):
 
     check = goals([cell_at("a", 0.90, 0.05), cell_at("b", 0.90, 0.02), cell_at("c", 0.99, 0.0)])
     assert check["below_floor_beyond_spread"] == [("s", "b", 1)]
+
+
+def test_a_cell_below_the_floor_within_its_scatter_says_how_many_repeats_would_decide_it():
+    """A cell 0.02 below the floor with an SE of 0.02 over 4 repeats (one repeat's sd 0.04) is
+    undecided; two standard errors shrink to the gap at (2 · 0.04 / 0.02)² = 16 repeats. A cell
+    beyond two standard errors is decided, and a cell above the floor is not reported."""
+    from dspark.eval.speed_matrix import Cell, goals, repeats_to_decide
+
+    def cell_at(drafter, speedup, spread, repeats):
+        return Cell(
+            "s", drafter, 1, "payoff", 1.0, speedup, speedup, 1.0, 0.0, True, spread=spread, repeats=repeats
+        )
+
+    near, far, above = cell_at("a", 0.95, 0.02, 4), cell_at("b", 0.90, 0.02, 4), cell_at("c", 0.99, 0.02, 4)
+    assert repeats_to_decide(near, 0.97) == 16
+    assert repeats_to_decide(cell_at("d", 0.95, 0.0, 1), 0.97) is None  # one repeat: no scatter known
+    check = goals([near, far, above])
+    assert check["below_floor_beyond_spread"] == [("s", "b", 1)]
+    assert check["below_floor_undecided"] == [{"cell": ("s", "a", 1), "repeats_to_decide": 16}]
