@@ -158,6 +158,18 @@ class Drafter(Protocol):
         ...
 
 
+def draft_rows_per_request(drafter: Drafter, block_size: int) -> int:
+    """Rows each request adds to one forward of ``drafter``'s ``propose`` for a block of
+    ``block_size`` drafts: ``K + 1`` for a drafter that drafts its block in one forward (DFlash,
+    DSpark: the anchor and the K mask slots), 1 for one that runs a forward per draft (Eagle3's
+    chain, ``chain_drafts``). What the payoff controller scales the target's step line by to
+    split a drafter's seconds per call from its seconds per request while its calls were all of
+    one size (``engine/payoff_drafting.py: model_split``). With ``K + 1`` for Eagle3, calls timed
+    at one request priced a call at 16 requests at about twice what it took, and kept Eagle3 from
+    drafting where it paid (built-in math, 4 requests: BENCHMARKS.md, issue 17 at its close)."""
+    return 1 if getattr(drafter, "chain_drafts", False) else block_size + 1
+
+
 def drafts_after_prompt(drafter: Drafter) -> bool:
     """Is ``drafter`` worth asking in a request's first round, right after its prompt?
 

@@ -104,6 +104,8 @@ class Eagle3Layer(nn.Module):
 class Eagle3Drafter(nn.Module):
     """Eagle3; attribute names give the keys of SPEC §5.4 (``layers.0.hidden_norm`` etc.)."""
 
+    chain_drafts = True  # a forward per draft, one row per request (protocols.draft_rows_per_request)
+
     @property
     def drafts_after_prompt(self) -> bool:  # protocols.drafts_after_prompt
         return self.config.prompt_end_anchors

@@ -34,7 +34,7 @@ from dspark.drafters.ngram import NgramConfig, NgramDrafter
 from dspark.drafters.request_state import sync_requests
 from dspark.engine.merged_block import merge_blocks
 from dspark.engine.payoff_plan import MODEL, NGRAM, POOL_MEMORY, SMALL_BATCH, plan_batch, plan_each
-from dspark.protocols import DraftBlock, Drafter, drafts_after_prompt
+from dspark.protocols import DraftBlock, Drafter, draft_rows_per_request, drafts_after_prompt
 from dspark.scheduler import SpsTable
 from dspark.scheduler.payoff import (
     PLAIN,
@@ -115,6 +115,7 @@ class PayoffDrafting:
         # made it draft where it lost a third of plain decoding's speed (issue 17).
         self.first_costs = DraftCosts()
         self.model_step_s = 0.0  # the model drafter's seconds in this engine step
+        self.model_rows = draft_rows_per_request(drafter, block_size)  # per request, per forward
         self._split: tuple = (None, (0.0, 0.0))  # (inputs, model_split) of the last call
         # A lazily updated drafter absorbs, when a request next drafts, every token committed
         # since: (tokens absorbed, seconds) per request, fitted as a line (``catch_up_s``).
@@ -186,14 +187,14 @@ class PayoffDrafting:
 
     def model_split(self, num_requests: int) -> tuple[float, float]:
         """The model drafter's ``(seconds per call, seconds per request)``; while its calls
-        were all of one size, split like the target's step line (a call drafts a block of
-        ``K + 1`` rows per request)."""
+        were all of one size, split like the target's step line over the rows a request adds
+        to a drafter forward (``K + 1``, or 1 for a chain drafter: ``draft_rows_per_request``)."""
         R = max(num_requests, 1)
         line = self.model_line
         key = (R, self.step_times.line.w, self.step_times.line.wy, id(line), line.line.wy)
         if self._split[0] != key:  # asked twice a round (costs, then the shared-call check)
-            a, b = self.step_times.fit(R, R * (self.block_size + 1))
-            self._split = (key, line.split((a, b * (self.block_size + 1))))
+            a, b = self.step_times.fit(R, R * (self.block_size + 1))  # the sizes a round's steps take
+            self._split = (key, line.split((a, b * self.model_rows)))
         return self._split[1]
 
     @property
