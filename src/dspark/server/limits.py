@@ -8,8 +8,8 @@
   ``capacity · max_token_bytes`` bytes cannot fit the context and is refused before
   it is tokenized (:func:`prompt_byte_limit`).
 - **Chat template**: ``chat_template_kwargs`` are variables *for* the target's template;
-  keys that would replace the template or change how it is applied
-  (``chat_template``, ``tokenize``, ...) never reach it: the request is refused with a
+  keys that would replace the template or change how it is applied (``chat_template``,
+  ``tokenize``, ``sanitize_control_tokens``, ...) never reach it: the request is refused with a
   400 naming them (:func:`template_variables`), before anything is rendered.
 - **Time**: rendering and tokenizing run on a small thread pool, off the event loop,
   and a request whose preparation takes longer than ``prepare_timeout_s`` is answered
@@ -45,6 +45,7 @@ TEMPLATE_CONTROL_KEYS = frozenset(
         "add_generation_prompt",
         "continue_final_message",
         "tokenize",
+        "sanitize_control_tokens",
         "padding",
         "truncation",
         "max_length",
