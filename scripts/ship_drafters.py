@@ -1,19 +1,22 @@
-"""Ship a campaign's converged drafters into the package (a maintainer's step, issue 16 item 5).
+"""Ship a campaign's converged drafters (a maintainer's step, issue 16 item 5; issue 36).
 
     python scripts/ship_drafters.py --campaign ~/.cache/dspark/campaigns/tiny --target tiny
-    python scripts/ship_drafters.py --campaign ~/.cache/dspark/campaigns/smollm2 --target smollm2 \
-        --methods dspark
+    python scripts/ship_drafters.py --campaign ~/.cache/dspark/campaigns/smollm2 --target smollm2
 
 For each method whose training stage finished, the campaign's drafter is loaded against
-the target (full validation), written in bf16 to ``src/dspark/assets/drafters/<target>/
-<method>/`` without the target's embedding and head where they equal the target's, and
-refused when a file would exceed ``--max-mb`` (git history keeps every binary forever).
-``SHIPPED.json`` beside them records how each was trained (steps, epochs, training tokens,
-expected τ on the campaign's fixed samples, the last real τ) and its learning curve (that
-expected τ and the real τ against steps and tokens, a few dozen points;
-:mod:`dspark.drafters.shipped_record`), which the quickstart reads to say how far its own
-drafters are from the shipped ones. Records of methods not shipped this time are kept as
-they are. Commit the result once, when final.
+the target (full validation) and written in bf16, without the target's embedding and head
+where they equal the target's, to ``<dest>/<target>/<method>/``. ``--dest`` defaults to the
+package (``src/dspark/assets/drafters``) for the tiny target, whose drafters fit git, and to
+the user's store (``~/.cache/dspark/drafters``, DESIGN §16) for every other target: SmolLM2's
+drafters (~25 MB each) never enter git. In the package a file over ``--max-mb`` is refused
+(git history keeps every binary forever).
+
+The records always go to the package's ``SHIPPED.json`` beside the target's folders (or
+``--records``): how each was trained (steps, epochs, training tokens, expected τ on the
+campaign's fixed samples, the last real τ), its learning curve
+(:mod:`dspark.drafters.shipped_record`), its target's fingerprint and the sha256 of its
+files. Records of methods not shipped this time are kept as they are. Commit the records
+(and, for the tiny target, the weights) once, when final.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+PACKAGE = ROOT / "src" / "dspark" / "assets" / "drafters"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -32,15 +36,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--campaign", type=Path, required=True, help="the campaign's folder")
     p.add_argument("--target", required=True, help="the shipped target's name: tiny, smollm2")
     p.add_argument("--methods", default="dflash,dspark,eagle3")
-    p.add_argument("--max-mb", type=float, default=25.0, help="largest file allowed (MB)")
-    p.add_argument("--dest", type=Path, default=ROOT / "src" / "dspark" / "assets" / "drafters")
-    return p.parse_args(argv)
+    p.add_argument("--max-mb", type=float, default=25.0, help="largest file allowed in the package (MB)")
+    p.add_argument(
+        "--dest",
+        type=Path,
+        default=None,
+        help="drafters root (default: the package for tiny, else the store)",
+    )
+    p.add_argument("--records", type=Path, default=None, help="SHIPPED.json (default: the package's)")
+    ns = p.parse_args(argv)
+    if ns.dest is None:
+        from dspark.drafters.shipped import store_root
+
+        ns.dest = PACKAGE if ns.target == "tiny" else store_root()
+    if ns.records is None:
+        ns.records = PACKAGE / ns.target / "SHIPPED.json"
+    return ns
 
 
-def record_for(campaign: Path, method: str, size_mb: float):
-    """The ``SHIPPED.json`` record of ``method``'s finished training stage in ``campaign``."""
+def record_for(campaign: Path, method: str, folder: Path):
+    """The ``SHIPPED.json`` record of ``method``'s finished training stage in ``campaign``,
+    shipped as ``folder``."""
     from dspark.campaign.progress import read_curve
-    from dspark.drafters.shipped_record import ShippedRecord, curve_from_log
+    from dspark.drafters.shipped_record import ShippedRecord, curve_from_log, file_digests, target_record
 
     summary = json.loads((campaign / "stages" / f"train-{method}.json").read_text())["summary"]
     cache = json.loads((campaign / "stages" / "cache.json").read_text())["summary"]
@@ -60,8 +78,10 @@ def record_for(campaign: Path, method: str, size_mb: float):
         val_expected_tau=summary["val_expected_tau"],
         real_tau_last=logged.eval_tau[-1] if logged.eval_tau else None,
         stopped_early=summary["stopped_early"],
-        size_mb=round(size_mb, 2),
+        size_mb=round(sum(f.stat().st_size for f in folder.iterdir() if f.is_file()) / 1e6, 2),
         curve=curve,
+        target=target_record(folder),
+        files=file_digests(folder),
     )
 
 
@@ -69,7 +89,6 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from dspark.drafters.folder import load_drafter, save_drafter
-    from dspark.drafters.shipped_record import RECORD
     from dspark.durable import write_atomic
     from dspark.presets.tiny import resolve_target
     from dspark.targets import TargetAdapter
@@ -77,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     target = TargetAdapter.from_pretrained(resolve_target(args.target))
     dest = args.dest / args.target
-    record_path = dest / RECORD
+    record_path = args.records
+    in_package = args.dest.resolve() == PACKAGE.resolve()
     shipped = json.loads(record_path.read_text()) if record_path.is_file() else {}
     for method in args.methods.split(","):
         stage = args.campaign / "stages" / f"train-{method}.json"
@@ -89,9 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         folder = save_drafter(dest / method, drafter, target, dtype=torch.bfloat16)
         sizes = {f.name: f.stat().st_size / 1e6 for f in folder.iterdir() if f.is_file()}
         too_big = {k: round(v, 1) for k, v in sizes.items() if v > args.max_mb}
-        if too_big:
+        if too_big and in_package:
             raise SystemExit(f"{method}: files over {args.max_mb} MB: {too_big}; remove {folder}")
-        record = record_for(args.campaign, method, sum(sizes.values()))
+        record = record_for(args.campaign, method, folder)
         shipped[method] = record.as_json()
         points = len(record.curve.steps) if record.curve else 0
         print(

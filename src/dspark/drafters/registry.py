@@ -5,7 +5,8 @@
 - ``"none"`` — plain decoding (returns ``None``);
 - ``"ngram"`` — the prompt-lookup drafter;
 - ``"dflash" | "dspark" | "eagle3"`` — the drafter of that method shipped for the loaded
-  target (``dspark/assets/drafters/<target>/<name>``, :mod:`dspark.drafters.shipped`);
+  target (``dspark/assets/drafters/<target>/<name>``, else the user's store
+  ``~/.cache/dspark/drafters/<target>/<name>``: :mod:`dspark.drafters.shipped`);
 - a path — a drafter folder (SPEC §5.4), loaded with full validation.
 
 The trainable methods themselves are rows of :data:`dspark.drafters.kinds.KINDS`, a

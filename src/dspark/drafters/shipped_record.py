@@ -8,6 +8,11 @@ since issue 16 item 6 — the learning curve: the campaign's validation expected
 (``eval/val_expected_tau``: the same fixed samples and anchors at every evaluation) and
 the real τ of its online evaluations, against steps, thinned to a few dozen points.
 A record written before curves existed reads with ``curve = None``.
+
+Since issue 36 a record also names its target (vocabulary, depth, the sha256 of its
+embedding and head) and the sha256 of each weight file: a drafter kept outside git (the
+store, :mod:`dspark.drafters.shipped`) is then still described by the repository — what it
+is, how it was trained, what τ to expect — and an installed copy is checked against it.
 """
 
 from __future__ import annotations
@@ -76,6 +81,17 @@ class ShippedRecord:
     stopped_early: bool | None = None
     size_mb: float | None = None
     curve: ShippedCurve | None = None  # None: the record predates curves, or the run logged none
+    target: dict[str, Any] | None = None  # vocab_size, num_target_layers, target_sha256
+    files: dict[str, str] | None = None  # weight file name -> sha256
+
+    def target_fields(self) -> dict[str, Any]:
+        """``target`` as the fields of a drafter's ``config.json`` (what ``fits_target`` reads)."""
+        t = self.target or {}
+        return {
+            "vocab_size": t.get("vocab_size"),
+            "num_target_layers": t.get("num_target_layers"),
+            "dspark_shared_weights": {"target_sha256": t.get("target_sha256")},
+        }
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> ShippedRecord:
@@ -88,6 +104,8 @@ class ShippedRecord:
             stopped_early=raw.get("stopped_early"),
             size_mb=raw.get("size_mb"),
             curve=ShippedCurve.from_json(raw["curve"]) if raw.get("curve") else None,
+            target=raw.get("target"),
+            files=raw.get("files"),
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -100,7 +118,8 @@ class ShippedRecord:
             "stopped_early": self.stopped_early,
             "size_mb": self.size_mb,
         }
-        return out | ({"curve": self.curve.as_json()} if self.curve else {})
+        extra = {k: v for k, v in (("target", self.target), ("files", self.files)) if v is not None}
+        return out | extra | ({"curve": self.curve.as_json()} if self.curve else {})
 
 
 def thin(steps: list[int], max_points: int = MAX_POINTS) -> list[int]:
@@ -155,6 +174,28 @@ def read_records(target_dir: Path) -> dict[str, ShippedRecord]:
     if not path.is_file():
         return {}
     return {method: ShippedRecord.from_json(raw) for method, raw in json.loads(path.read_text()).items()}
+
+
+def target_record(folder: Path) -> dict[str, Any] | None:
+    """A drafter folder's ``target`` record, read from its ``config.json``; None without a fingerprint."""
+    raw = json.loads((folder / "config.json").read_text())
+    digest = (raw.get("dspark_shared_weights") or {}).get("target_sha256")
+    if digest is None:
+        return None
+    return {
+        "vocab_size": raw["vocab_size"],
+        "num_target_layers": raw["num_target_layers"],
+        "target_sha256": digest,
+    }
+
+
+def file_digests(folder: Path) -> dict[str, str]:
+    """sha256 of each file a drafter folder is made of (config and weights)."""
+    from dspark.drafters.folder import file_sha256
+
+    return {
+        f.name: file_sha256(f) for f in sorted(folder.iterdir()) if f.is_file() and not f.name.startswith(".")
+    }
 
 
 def records_json(records: dict[str, ShippedRecord]) -> str:

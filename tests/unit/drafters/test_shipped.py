@@ -1,4 +1,5 @@
-"""``--drafter dspark`` picks the shipped drafter of the loaded target (issue 16 item 5)."""
+"""``--drafter dspark`` picks the shipped drafter of the loaded target (issue 16 item 5), in the
+package or in the user's store outside git (issue 36)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,18 @@ import torch
 from dspark.drafters import shipped
 from dspark.drafters.folder import save_drafter
 from dspark.drafters.registry import TRAINABLE, build_drafter
+from dspark.drafters.shipped_record import ShippedRecord, file_digests, records_json, target_record
 from dspark.errors import DsparkError
 from dspark.targets import TargetAdapter
 
 from .builders import build
+
+
+@pytest.fixture(autouse=True)
+def empty_store(tmp_path, monkeypatch):
+    """The user's store is this test's own folder (empty), never the machine's."""
+    monkeypatch.setenv("DSPARK_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "drafters"
 
 
 def test_the_embedded_target_gets_its_own_shipped_drafters():
@@ -48,3 +57,43 @@ def test_the_folder_is_chosen_by_the_targets_fingerprint(tmp_path, monkeypatch, 
     assert build_drafter("dflash", other) is not None  # and it loads: the fingerprint matched
     with pytest.raises(DsparkError, match="shipped dspark drafters: none"):
         shipped.shipped_drafter_dir("dspark", target)
+
+
+def test_a_drafter_in_the_store_is_found_after_the_package(tmp_path, monkeypatch, target, empty_store):
+    package = tmp_path / "package"
+    package.mkdir()
+    monkeypatch.setattr(shipped, "shipped_root", lambda: package)
+    assert shipped.store_root() == empty_store and shipped.drafter_roots() == [package, empty_store]
+    save_drafter(empty_store / "mine" / "dflash", build("dflash", target), target)
+    assert shipped.shipped_drafter_dir("dflash", target) == empty_store / "mine" / "dflash"
+    assert build_drafter("dflash", target) is not None
+    save_drafter(package / "mine" / "dflash", build("dflash", target), target)  # the package wins
+    assert shipped.shipped_drafter_dir("dflash", target) == package / "mine" / "dflash"
+    with pytest.raises(DsparkError, match="shipped eagle3 drafters: none"):
+        shipped.shipped_drafter_dir("eagle3", target, root=package)  # root given: that root alone
+
+
+def test_a_recorded_drafter_missing_here_names_the_command_that_makes_it(tmp_path, monkeypatch, target):
+    """The package keeps the record (target fingerprint, file digests, τ) of a drafter that
+    lives outside git; without its weights, the error says where they go and how to make them."""
+    made = save_drafter(tmp_path / "made" / "dspark", build("dspark_markov", target), target)
+    record = ShippedRecord(
+        steps=10, epochs=1.0, training_tokens=100, target=target_record(made), files=file_digests(made)
+    )
+    assert record.target["target_sha256"] and set(record.files) == {"config.json", "model.safetensors"}
+    package = tmp_path / "package"
+    (package / "mine").mkdir(parents=True)
+    (package / "mine" / "SHIPPED.json").write_text(records_json({"dspark": record}))
+    monkeypatch.setattr(shipped, "shipped_root", lambda: package)
+    assert ShippedRecord.from_json(record.as_json()) == record
+    with pytest.raises(DsparkError) as e:
+        build_drafter("dspark", target)
+    message = str(e.value)
+    assert "\n" not in message and "not on this machine" in message
+    assert str(shipped.store_root() / "mine" / "dspark") in message
+    assert "dspark campaign --target mine" in message and "scripts/ship_drafters.py" in message
+    with pytest.raises(DsparkError, match="the eagle3 drafter of mine is not on this machine"):
+        build_drafter("eagle3", target)  # a method without a record: the target is still known
+    assert shipped.recorded_target(target) == "mine"
+    other = TargetAdapter(type(target.model)(target.model.config))  # same shape, other weights
+    assert shipped.recorded_target(other) is None

@@ -96,17 +96,26 @@ def test_cache_root_follows_the_environment(tmp_path, monkeypatch):
 
 
 def test_the_shipped_dspark_drafter_is_found_for_smollm2_and_decodes_losslessly(folder):
-    """``--drafter dspark`` on SmolLM2 picks its own shipped drafter (issue 16 item 5), which
-    drafts well on a math prompt and keeps greedy output identical to plain decoding."""
+    """``--drafter dspark`` on SmolLM2 picks its own shipped drafter (issue 16 item 5) from the
+    user's store (issue 36: SmolLM2's drafters live outside git), which drafts well on a math
+    prompt and keeps greedy output identical to plain decoding. Without the drafter on this
+    machine (a fresh clone) the error names the command that makes it, and the test skips."""
     from dspark.decoding import speculative_generate
     from dspark.drafters import shipped
     from dspark.drafters.registry import build_drafter
+    from dspark.errors import DsparkError
     from dspark.protocols import SamplingParams
     from dspark.targets import TargetAdapter
 
     torch.set_num_threads(1)
     target = TargetAdapter.from_pretrained(folder)
-    assert shipped.shipped_drafter_dir("dspark", target) == shipped.shipped_root() / "smollm2" / "dspark"
+    try:
+        found = shipped.shipped_drafter_dir("dspark", target)
+    except DsparkError as e:
+        assert "not on this machine" in str(e) and "dspark campaign --target smollm2" in str(e)
+        print(f"SKIP reason: {e}")
+        pytest.skip(f"SmolLM2's DSpark drafter is not on this machine: {e}")
+    assert found == shipped.store_root() / "smollm2" / "dspark"
     drafter = build_drafter("dspark", target)
     messages = [
         {"role": "user", "content": "Tom has 3 apples and buys 5 more. How many apples does he have?"}
