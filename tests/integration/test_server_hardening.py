@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -24,7 +26,7 @@ from dspark.server.app import create_app
 from dspark.server.identity import API_KEY_ENV, resolve_api_key, served_model_name
 from dspark.targets import TargetAdapter
 
-from .server_harness import MODEL, make_worker, serving
+from .server_harness import MODEL, make_worker, scrape, serving
 
 # Generous for a loaded CI machine, still far below the stalls the fixes removed (7.4 s, 29 s).
 HEALTH_BUDGET_S = 1.0
@@ -154,6 +156,8 @@ def test_an_empty_api_key_is_refused(target):
     try:
         with pytest.raises(DsparkError, match="empty"):
             create_app(worker, MODEL, api_key="")
+        with pytest.raises(DsparkError, match="whitespace"):  # no client could send it (issue 40)
+            create_app(worker, MODEL, api_key=" secret")
     finally:
         worker.close(timeout=10)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -183,6 +187,35 @@ def test_the_api_key_comes_from_a_file_or_the_environment(tmp_path):
     key_file.write_text("  \n")
     with pytest.raises(DsparkError, match="empty"):
         resolve_api_key(None, key_file, environ={})
+
+
+def test_a_client_that_hangs_up_mid_body_is_not_a_server_error(url):
+    """Counted as 499 in ``/metrics``, not 500 (issue 40); a refused request still counts as itself."""
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    with httpx.Client(timeout=30) as c:
+        before = scrape(c, url)
+        for _ in range(3):
+            with socket.create_connection(_address(url)) as s:
+                s.sendall(head + b"Content-Length: 1000\r\n\r\n" + b'{"prompt": "hel')
+        assert c.post(f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 0}).status_code == 400
+        deadline, after = time.monotonic() + 10, before
+        while time.monotonic() < deadline:  # the server counts a hang-up once it notices it
+            after = scrape(c, url)
+            if _delta(before, after, "499") >= 3:
+                break
+            time.sleep(0.05)
+    assert _delta(before, after, "499") == 3 and _delta(before, after, "500") == 0, after
+    assert _delta(before, after, "400") == 1
+
+
+def _address(url: str) -> tuple[str, int]:
+    host, port = urlsplit(url).netloc.split(":")
+    return host, int(port)
+
+
+def _delta(before: dict, after: dict, status: str) -> float:
+    key = f"dspark_requests_total{{endpoint=/v1/completions,status={status}}}"
+    return after.get(key, 0.0) - before.get(key, 0.0)
 
 
 def test_api_nits(url, tmp_path):

@@ -33,12 +33,16 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--json",
         action="store_true",
-        help="print one JSON object (text, num_tokens, tau, tokens_per_s) instead of streaming",
+        help="print one JSON object (text, num_tokens, tau, tokens_per_s, finish_reason; error when it "
+        "failed) instead of streaming",
     )
 
 
 def main_generate(args: argparse.Namespace) -> int:
-    """Generate an answer with speculative decoding; τ and tokens/s go to stderr."""
+    """Generate an answer with speculative decoding; τ and tokens/s go to stderr.
+
+    Exits 1 when the engine failed the request (``finish_reason`` "error", also with ``--json``).
+    """
     from dspark.commands.loading import load_inference_target
     from dspark.data.chat import chat_prompt_ids, user_messages
     from dspark.drafters.registry import build_drafter
@@ -89,6 +93,7 @@ def main_generate(args: argparse.Namespace) -> int:
     while engine.has_work():
         engine.step()
     result = engine.pop_result(request)
+    failed = result.finish_reason == "error"
     if args.json:
         print(
             json.dumps(
@@ -98,6 +103,7 @@ def main_generate(args: argparse.Namespace) -> int:
                     "tau": result.tau,
                     "tokens_per_s": result.tokens_per_s,
                     "finish_reason": result.finish_reason,
+                    **({"error": result.error or "the engine failed the request"} if failed else {}),
                 }
             )
         )
@@ -108,4 +114,7 @@ def main_generate(args: argparse.Namespace) -> int:
             f"{len(result.token_ids)} tokens ({result.finish_reason})",
             file=sys.stderr,
         )
+    if failed:  # what was printed is not an answer: say so, and exit as a failure (a script checks $?)
+        print(f"dspark: error: the request failed: {result.error or 'the engine failed it'}", file=sys.stderr)
+        return 1
     return 0

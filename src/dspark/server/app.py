@@ -12,8 +12,10 @@ batching). A request's path through the app:
    thread pool with a time limit (→ 503), never on the event loop;
 5. admission: at most ``max_batch + max_queue`` requests in the engine → 429;
 6. generate; a client that disconnects cancels its engine request (its KV slot is freed
-   at the next step) and gives its place back. A request the engine fails alone (a
-   drafter's non-finite probabilities) is a 500 for that request; the engine serves on.
+   at the next step) and gives its place back; ``/metrics`` counts it, like a client that
+   hangs up while still uploading its body, as 499, not as a server error. A request the
+   engine fails alone (a drafter's non-finite probabilities) is a 500 for that request;
+   the engine serves on.
 
 SIGTERM handling (stop accepting, finish what runs) lives with uvicorn in
 :mod:`dspark.server.uvicorn_runner`; the app only answers 503 once ``state.draining`` is set.
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dspark.engine.requests import RequestFailedError
 from dspark.engine.worker import EngineDeadError, EngineWorker
@@ -59,6 +61,7 @@ from dspark.server.schemas import (
 from dspark.server.textstream import TextStream
 
 DEFAULT_MAX_QUEUE = 128
+CLIENT_CLOSED = 499  # nginx's status for a request whose client left before the answer
 GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions")
 ROUTES = (*GENERATION_ROUTES, "/v1/models", "/health", "/metrics")
 # One Server-Sent Event (OpenAPI < 3.2: the media type's schema describes each event).
@@ -131,6 +134,8 @@ def create_app(
         raise DsparkError("serving needs a target with a tokenizer")
     if api_key is not None and not api_key.strip():
         raise DsparkError("the API key is empty: it would turn authentication off; give a real key or none")
+    if api_key is not None and api_key != api_key.strip():  # the client's token is stripped: no match ever
+        raise DsparkError("the API key starts or ends with whitespace: no client could send it")
     capacity, vocab_size = engine.kv.capacity, engine.target.vocab_size
     max_prompt_bytes = prompt_byte_limit(tokenizer, capacity)
     preparer = Preparer(prepare_timeout_s)
@@ -216,7 +221,7 @@ def create_app(
         finally:
             release()
         if result is None:  # the client is gone; nobody reads this
-            return Response(status_code=499)
+            return Response(status_code=CLIENT_CLOSED)
         return reply.body(result)
 
     @app.post("/v1/completions", response_model=CompletionResponse, responses={200: sse, **errors})
@@ -314,7 +319,13 @@ class ApiKeyMiddleware:
 
 
 class RequestMetricsMiddleware:
-    """Counts every answer by endpoint and status; times the generation endpoints to the last byte."""
+    """Counts every answer by endpoint and status; times the generation endpoints to the last byte.
+
+    A request that got no answer because its client hung up first (while uploading its
+    body, say) is counted as 499, nginx's "client closed request", not as a 500: a 5xx
+    means the server failed, and pages an operator. An exception that escapes the app is
+    a 500 whether the client stayed or not.
+    """
 
     def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
         self.app, self.metrics = app, metrics
@@ -323,19 +334,28 @@ class RequestMetricsMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started, status = time.perf_counter(), [500]
+        started, status, client_gone = time.perf_counter(), [None], [False]
+
+        async def watching_receive() -> Message:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                client_gone[0] = True
+            return message
 
         async def recording_send(message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
             await send(message)
 
+        failed = True
         try:
-            await self.app(scope, receive, recording_send)
+            await self.app(scope, watching_receive, recording_send)
+            failed = False
         finally:
+            code = status[0] or (CLIENT_CLOSED if client_gone[0] and not failed else 500)
             endpoint = scope["path"] if scope["path"] in ROUTES else "other"
-            self.metrics.requests.labels(endpoint, str(status[0])).inc()
-            if endpoint in GENERATION_ROUTES and status[0] == 200:
+            self.metrics.requests.labels(endpoint, str(code)).inc()
+            if endpoint in GENERATION_ROUTES and code == 200:
                 self.metrics.latency.labels(endpoint).observe(time.perf_counter() - started)
 
 
