@@ -49,6 +49,7 @@ from dspark.drafters.request_state import (
     padded_context_mask,
     sync_requests,
 )
+from dspark.drafters.tree import SlotScores
 from dspark.protocols import DraftBlock, SamplingParams, SequenceState, SlotFactors, TrainBatch, TrainOutput
 
 
@@ -333,3 +334,16 @@ class DFlashDrafter(nn.Module):
         tokens, probs = draw_drafts(logits, sampling, generators, self.draft_ids, self.dims.vocab_size)
         lengths = torch.full((len(states),), K, dtype=torch.long, device=tokens.device)
         return DraftBlock(tokens=tokens, lengths=lengths, probs=probs)
+
+    @torch.no_grad()
+    def tree_slots(
+        self, states: list[SequenceState], max_len: int, sampling: list[SamplingParams]
+    ) -> SlotScores:
+        """One forward scored for a token tree (``drafters/tree.py``): the base logits ``[R, K, N]``;
+        every node's children are the top-k of its depth's own distribution."""
+        assert_states(states, max_len, sampling)
+        K = min(max_len, self.block_size)
+        self.backbone.prepare(states, sampling)
+        h = self.backbone.block_hidden_infer(states)[:, :K]  # [R, K, H]
+        anchors = torch.tensor([s.token_ids[-1] for s in states], device=h.device)  # [R]
+        return SlotScores(base=self.backbone.logits(h), anchors=anchors, draft_ids=self.draft_ids)

@@ -25,6 +25,7 @@ from dspark.drafters.common import DecoderDims, build_from_target
 from dspark.drafters.dflash import DFlashBackbone, hold_backbone
 from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, dspark_objective
 from dspark.drafters.request_state import assert_states, draw_drafts
+from dspark.drafters.tree import SlotScores
 from dspark.heads import MARKOV_HEAD_TYPES, ConfidenceHead, build_sequential_head, scale_confidence_logits
 from dspark.protocols import DraftBlock, SamplingParams, SequenceState, TrainBatch, TrainOutput
 from dspark.sampling.argmax import greedy_tokens
@@ -175,6 +176,40 @@ class DSparkDrafter(nn.Module):
             lengths=torch.full((R,), K, dtype=torch.long, device=h.device),
             probs=probs,  # [R, K, V]
             confidences=self._block_confidences(h, markov_embs),
+        )
+
+    @torch.no_grad()
+    def tree_slots(
+        self, states: list[SequenceState], max_len: int, sampling: list[SamplingParams]
+    ) -> SlotScores:
+        """One backbone forward, scored for a token tree (``drafters/tree.py``): base logits
+        ``[R, K, N]``, the Markov bias of any node's token, and its STS-scaled confidence."""
+        assert_states(states, max_len, sampling)
+        if self.markov_head is not None and self.config.markov_head_type != "vanilla":
+            raise ValueError(
+                "token trees need the Markov head: the RNN head's bias depends on the whole path"
+            )
+        K = min(max_len, self.block_size)
+        self.backbone.prepare(states, sampling)
+        h = self.backbone.block_hidden_infer(states)[:, :K]  # [R, K, H]
+        anchors = torch.tensor([s.token_ids[-1] for s in states], device=h.device)  # [R]
+        head = self.markov_head
+
+        def bias(prev: Tensor) -> Tensor:  # [R, n] -> [R, n, N]: W_1[x] W_2 (Eq. 5)
+            return head.markov_w2(head.embed(prev))
+
+        def confidence(k: int, prev: Tensor) -> Tensor:  # [R, n] -> [R, n]: Eq. 7 at slot k, STS
+            h_k = h[:, k].unsqueeze(1).expand(*prev.shape, h.shape[-1])  # [R, n, H]
+            logits = self._confidence_logits(h_k, head.embed(prev) if head is not None else None).float()
+            as_slot_k = logits.unsqueeze(-1).expand(*logits.shape, k + 1)  # [R, n, k+1]: column k is read
+            return torch.sigmoid(scale_confidence_logits(as_slot_k, self.config.sts_temperatures)[..., k])
+
+        return SlotScores(
+            base=self.backbone.logits(h),
+            anchors=anchors,
+            bias=bias if head is not None else None,
+            confidence=confidence if self.confidence_head is not None else None,
+            draft_ids=self.draft_ids,
         )
 
     def _greedy_loop(self, h: Tensor, base: Tensor, prev: Tensor) -> tuple[Tensor, Tensor | None]:

@@ -1,0 +1,116 @@
+"""Token trees from one parallel backbone forward: DSpark (Markov-biased children) and DFlash.
+
+A DFlash backbone's hidden state of slot k does not depend on the drafted tokens (DESIGN
+§5.1), and DSpark's Markov head biases slot k by the previous token alone (paper Eq. 5).
+So the children of *any* node at depth d are scored from the same ``h_d`` and base logits
+``U_d``, plus the cheap low-rank bias of the node's own token: a whole tree costs one
+backbone forward and one ``[n, r] x [r, N]`` product per depth.
+
+- **DSpark**: the children of a node with token ``x`` are the top ``k_d`` tokens of
+  ``softmax(U_d + W_1[x] W_2)`` (Eq. 4 with the Markov bias, Eq. 5). The confidence head
+  reads ``[h_d ; W_1[x]]`` (Eq. 7, STS-scaled as in the chain) and predicts the
+  acceptance of the node's *first* child; the i-th child gets ``c · p_d(x_i) / p_d(x_1)``,
+  the head's calibration carried to the siblings by the draft distribution's ratios.
+- **DFlash** (no Markov head, no confidence head): the children of every node at depth d
+  are the top ``k_d`` of ``softmax(U_d)``, each with confidence ``p_d(x_i)``.
+
+A node's *path survival* is the product of the confidences from the root down to it
+(:meth:`TreeBlock.survival`). The tree is grown breadth first; with ``frontier`` set,
+only that many nodes of a depth (the highest survival) get children (EAGLE-2's
+expansion). Tree drafts are one-hot (deterministic given the drafter's state), so any
+budget over them is lossless (``sampling/tree.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from dspark.sampling.tree import ROOT, TreeBlock
+
+
+@dataclass(frozen=True, kw_only=True)
+class TreeConfig:
+    """How wide a tree grows: ``widths[d]`` children per node at depth d (the last width
+    repeats up to the block size when ``depth`` is None), ``frontier`` nodes expanded per
+    depth (None: all of them)."""
+
+    widths: tuple[int, ...] = (4, 2, 2, 1)
+    depth: int | None = None  # None: the drafter's block size
+    frontier: int | None = 8
+
+    def __post_init__(self) -> None:
+        if not self.widths or min(self.widths) < 1:
+            raise ValueError(f"tree widths must be >= 1, got {self.widths}")
+        if self.frontier is not None and self.frontier < 1:
+            raise ValueError(f"tree frontier must be >= 1, got {self.frontier}")
+
+    def width(self, d: int) -> int:
+        return self.widths[min(d, len(self.widths) - 1)]
+
+
+@dataclass(frozen=True)
+class SlotScores:
+    """What one backbone forward gives the tree builder for R requests.
+
+    ``bias(prev [R, n]) -> [R, n, N]`` is the sequential head's bias for children of nodes
+    with tokens ``prev`` (target ids); ``confidence(d, prev [R, n]) -> [R, n]`` the head's
+    STS-scaled ``c`` at slot d. Both None for a backbone alone (DFlash).
+    """
+
+    base: Tensor  # [R, K, N] base logits U_k over the draft vocabulary
+    anchors: Tensor  # [R] long, x_0
+    bias: Callable[[Tensor], Tensor] | None = None
+    confidence: Callable[[int, Tensor], Tensor] | None = None
+    draft_ids: Tensor | None = None  # [N] target id of each draft id; None: the full vocabulary
+
+
+def build_trees(slots: SlotScores, config: TreeConfig) -> TreeBlock:
+    """Grow every request's tree breadth first from its anchor (module docstring)."""
+    R, K, _ = slots.base.shape
+    depth = K if config.depth is None else min(K, config.depth)
+    device = slots.base.device
+    tokens = [torch.zeros(R, 0, dtype=torch.long, device=device)]
+    parents = [torch.zeros(R, 0, dtype=torch.long, device=device)]
+    confs = [torch.zeros(R, 0, dtype=torch.float64, device=device)]
+    # The frontier: nodes of the current depth that get children.
+    prev = slots.anchors.view(R, 1)  # [R, n] tokens
+    where = torch.full((R, 1), ROOT, dtype=torch.long, device=device)  # [R, n] node indices
+    alive = torch.ones(R, 1, dtype=torch.float64, device=device)  # [R, n] path survival
+    count = 0
+    for d in range(depth):
+        k = config.width(d)
+        logits = slots.base[:, d].unsqueeze(1).float()  # [R, 1, N]
+        if slots.bias is not None:
+            logits = logits + slots.bias(prev).float()  # [R, n, N]: U_d + W_1[x] W_2 (Eq. 4-5)
+        top = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)  # [R, n or 1, k]
+        p_child = top.values.exp().double().expand(R, prev.shape[1], k)  # [R, n, k]
+        ids = top.indices.expand(R, prev.shape[1], k)
+        child_tokens = ids if slots.draft_ids is None else slots.draft_ids[ids]  # target ids
+        if slots.confidence is not None:  # the head's c for the first child, scaled by p_d ratios
+            c_head = slots.confidence(d, prev).double().clamp(0.0, 1.0)  # [R, n]
+            c = c_head.unsqueeze(-1) * p_child / p_child[..., :1]  # [R, n, k]
+        else:
+            c = p_child
+        n = prev.shape[1]
+        tokens.append(child_tokens.reshape(R, n * k))  # parent-major, siblings most likely first
+        parents.append(where.unsqueeze(-1).expand(R, n, k).reshape(R, n * k))
+        confs.append(c.reshape(R, n * k))
+        survival = (alive.unsqueeze(-1) * c).reshape(R, n * k)  # [R, n k]
+        index = count + torch.arange(n * k, device=device).expand(R, n * k)
+        count += n * k
+        keep = n * k if config.frontier is None else min(config.frontier, n * k)
+        # The best `keep` children expand next; back in index order so siblings stay in order.
+        best = survival.topk(keep, dim=-1).indices.sort(dim=-1).values  # [R, keep]
+        prev = tokens[-1].gather(1, best)
+        where = index.gather(1, best)
+        alive = survival.gather(1, best)
+    return TreeBlock(
+        torch.cat(tokens, dim=1),
+        torch.cat(parents, dim=1),
+        torch.full((R,), count, dtype=torch.long, device=device),
+        torch.cat(confs, dim=1),
+    )
