@@ -214,7 +214,12 @@ class Engine:
 
     @torch.no_grad()
     def step(self) -> list[TokenEvent]:
-        """Admit, prefill, draft, schedule, verify, commit; returns the emitted tokens."""
+        """Admit, prefill, draft, schedule, verify, commit; returns the emitted tokens.
+
+        No request can kill the engine: a step that raises is replayed one request at a
+        time, and a request whose step raises alone is failed (``finish_reason`` "error")
+        while every other one goes on (:meth:`_replay_alone`).
+        """
         started = time.perf_counter()
         if self.payoff is not None:  # the step times payoff control prices with: the whole step
             self.payoff.start_step()
@@ -229,12 +234,25 @@ class Engine:
         prefill = self._plan_prefill()
         if not decoding and not prefill:
             return []
+        try:
+            events, num_decode_rows, num_decoding = self._run(decoding, prefill)
+        except Exception as error:  # noqa: BLE001 - one request's failure must not end the others
+            return self._replay_alone(decoding, prefill, error)
+        self.stats.step_s += time.perf_counter() - started
+        if self.payoff is not None and not prefill:
+            self.payoff.observe_step(num_decode_rows, self.payoff.clock() - priced_started, num_decoding)
+        return events
+
+    def _run(
+        self, decoding: list[Request], prefill: list[tuple[Request, int]]
+    ) -> tuple[list[TokenEvent], int, int]:
+        """One step over these requests; returns the events, the decode rows and the requests decoded."""
         block, drafting = self._drafts.draft(decoding, self.stats)
         failed = [TokenEvent(r.id, [], "error") for r in decoding if r.finish_reason == "error"]
         if failed:
             decoding = [r for r in decoding if r.finish_reason is None]
             if not decoding and not prefill:
-                return failed
+                return failed, 0, 0
         lengths = self._drafts.schedule(
             decoding, block, drafting, sum(n for _, n in prefill), self._step_index
         )
@@ -270,6 +288,8 @@ class Engine:
                 req.state.features = req.features.append(out.features[prefill_offset : prefill_offset + n])
             self.kv.set_length(req.id, self.kv.length(req.id) + n)
             prefill_offset += n
+        # Past this point each request commits alone: a failure there fails that request only
+        # (VerifyStage), so nothing committed here is ever replayed.
         events = failed + self._verifier.verify_and_commit(
             decoding, block, drafting, lengths, out, offsets, self.stats
         )
@@ -280,9 +300,36 @@ class Engine:
         s.prefill_tokens += sum(n for _, n in prefill)
         s.forward_tokens += len(ids)
         s.max_forward_tokens = max(s.max_forward_tokens, len(ids))
-        s.step_s += time.perf_counter() - started
-        if self.payoff is not None and not prefill:
-            self.payoff.observe_step(num_decode_rows, self.payoff.clock() - priced_started, len(decoding))
+        return events, num_decode_rows, len(decoding)
+
+    def _replay_alone(
+        self, decoding: list[Request], prefill: list[tuple[Request, int]], error: Exception
+    ) -> list[TokenEvent]:
+        """A step that raised, run again one request at a time; a request that raises alone fails.
+
+        The failed step committed nothing (drafting, scheduling, the forward and batched
+        verification come before any commit), so each replay is an ordinary step of one
+        request: lossless, and the requests that did not cause the failure progress.
+        """
+        logger.warning(
+            "a step of %d request(s) failed (%r); replaying it one request at a time",
+            len(decoding) + len(prefill),
+            error,
+        )
+        events: list[TokenEvent] = []
+        for req, n in [(r, 0) for r in decoding] + prefill:
+            if n:  # a prefill chunk the failed step already cached is not sent again
+                n = min(n, self._uncached(req))
+            if req.finish_reason is not None or (n == 0 and self._uncached(req) > 0):
+                continue
+            try:
+                alone = ([req], []) if n == 0 else ([], [(req, n)])
+                events += self._run(*alone)[0]
+            except Exception as e:  # noqa: BLE001 - this request alone fails
+                logger.exception("request %d failed alone; the engine serves on", req.id)
+                req.error = f"the engine failed on this request: {e!r}"
+                self._finish(req, "error", None)
+                events.append(TokenEvent(req.id, [], "error"))
         return events
 
     # -- admission, prefill and finish -------------------------------------------------

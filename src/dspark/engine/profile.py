@@ -75,6 +75,9 @@ def profile_key(target: TargetAdapter, *, num_slots: int, block_size: int, conte
     }
 
 
+PROFILE_CONTEXT = 256  # tokens cached per request in a profiled step
+
+
 def default_profile_path(key: dict) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return sps_dir() / f"{digest}.json"
@@ -98,7 +101,7 @@ def profile_sps(
 ) -> SpsTable:
     """Measure SPS(B) for B up to ``slots * (block_size + 1)`` on ``store`` (its contents are clobbered)."""
     max_tokens = store.num_slots * (block_size + 1)
-    context = min(context or 256, store.capacity - block_size - 1)
+    context = min(context or PROFILE_CONTEXT, store.capacity - block_size - 1)
     if context < 0:
         raise ValueError(
             f"KV slots of {store.capacity} tokens are too small to profile block size {block_size}"
@@ -126,8 +129,14 @@ def profile_sps(
 def load_or_profile(
     target: TargetAdapter, store: KVStore, *, block_size: int, path: Path | None = None
 ) -> SpsTable:
-    """The saved table for this target and engine shape, profiling (and saving) it if missing."""
-    context = min(256, store.capacity - block_size - 1)
+    """The saved table for this target and engine shape, profiling (and saving) it if missing.
+
+    Steps are priced at :data:`PROFILE_CONTEXT` cached tokens per request whatever this
+    engine's slots hold: an engine whose slots are smaller (a one-request ``generate`` sizes
+    its slot to the request) is profiled on a store of its own, so that a short request can
+    always be served and engines that differ only in slot size share one table.
+    """
+    context = min(PROFILE_CONTEXT, target.max_context - block_size - 1)
     key = profile_key(target, num_slots=store.num_slots, block_size=block_size, context=context)
     path = Path(path) if path is not None else default_profile_path(key)
     if path.is_file():
@@ -136,6 +145,8 @@ def load_or_profile(
             logger.warning("SPS profile %s was measured for %s, not %s", path, table.meta, key)
         return table
     logger.warning("no SPS profile at %s: profiling the target now (once)", path)
+    if store.capacity < context + block_size + 1:
+        store = KVStore.for_target(target, num_slots=store.num_slots, capacity=context + block_size + 1)
     table = profile_sps(target, store, block_size=block_size, context=context)
     table.save(path)
     return table

@@ -128,9 +128,14 @@ class Request:
 
     def sync_features(self) -> None:
         """Point ``state.features`` at every committed row (before a drafter reads it): deferred
-        rounds, and rows a full deferral queue already copied in (possibly into a grown buffer)."""
-        if self.features.buf is not None:
-            self.state.features = self.features.rows()
+        rounds, and rows a full deferral queue already copied in (possibly into a grown buffer).
+
+        A one-token prompt has no prefill rows, so its first rows may all be deferred ones:
+        ``rows`` copies those in even while the buffer is still unallocated.
+        """
+        rows = self.features.rows()
+        if rows is not None:
+            self.state.features = rows
 
     @property
     def draft_budget(self) -> int:

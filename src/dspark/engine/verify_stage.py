@@ -11,6 +11,7 @@ early-exit predictors and the online confidence estimator.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -28,6 +29,8 @@ from dspark.sampling.argmax import greedy_tokens
 from dspark.scheduler import ConfidenceEstimator
 from dspark.targets import TargetAdapter
 from dspark.targets.flat import FlatOutput
+
+logger = logging.getLogger(__name__)
 
 
 class VerifyStage:
@@ -95,44 +98,69 @@ class VerifyStage:
         n_accepted = result.num_accepted.tolist()
         self._observe(decoding, block, drafting, n_verified, n_accepted, stats)
         events, finished = [], []
-        eos = self.target.eos_token_ids
         drafted, next_tokens = tokens.tolist(), result.next_tokens.tolist()
         for i, (req, n, accepted) in enumerate(zip(decoding, n_verified, n_accepted)):
-            start = self.kv.length(req.id)
-            self.kv.set_length(req.id, start + 1 + accepted)  # anchor + accepted drafts; the rest rolls back
-            new_features = None
-            told = self.drafter is not None and (self.payoff is None or self.payoff.needs_update(req))
-            if out.features is not None and told:
-                new_features = out.features[offsets[i] : offsets[i] + 1 + accepted]  # [a+1, L, H]
-                req.state.features = req.features.append(new_features)
-            elif out.features is not None:  # copied in when the drafter next reads them
-                req.features.defer(out.features, offsets[i], offsets[i] + 1 + accepted)
             emitted = drafted[i][:accepted] + [next_tokens[i]]  # accepted drafts + recovered/bonus
-            cut = cut_round(req.generated, emitted, eos, req.max_new, req.params.stop, self.decode)
-            req.generated += cut.tokens
-            req.state.token_ids += cut.tokens
-            req.rounds.append(RoundLog(proposed=n, accepted=accepted, emitted=len(cut.tokens)))
-            if self.payoff is not None:
-                self.payoff.observe(req, n, accepted, req.proposer if req.id in drafting else None)
-                self.payoff.after_commit(req)
-            stats.emitted += len(cut.tokens)
-            events.append(TokenEvent(req.id, cut.tokens, cut.finish_reason))
-            if req.on_tokens is not None and cut.tokens:
-                req.on_tokens(cut.tokens)
-            if cut.finish_reason is not None:
+            try:
+                drafted_now = req.id in drafting
+                event, cut = self._commit(req, n, accepted, emitted, out, offsets[i], drafted_now, stats)
+            except Exception as e:  # noqa: BLE001 - a failure here is this request's alone
+                logger.exception("request %d failed in its commit; the engine serves on", req.id)
+                req.error = f"the engine failed on this request: {e!r}"
+                event, cut = TokenEvent(req.id, [], "error"), None
+                finished.append((req, None))
+            events.append(event)
+            if cut is not None and cut.finish_reason is not None:
                 finished.append((req, cut))
-            elif told:
-                update_started = time.perf_counter()
-                priced_started = self.payoff.clock() if self.payoff is not None else 0.0
-                self.drafter.update(req.state, accepted, new_features)
-                if self.payoff is not None:
-                    self.payoff.observe_update(req, self.payoff.clock() - priced_started)
-                stats.update_s += time.perf_counter() - update_started
         # Free slots only now: a release moves another request's slot, whose committed
         # length must already include this step's tokens.
         for req, cut in finished:
-            self._finish(req, cut.finish_reason, cut.text)
+            if cut is None:
+                self._finish(req, "error", None)
+            else:
+                self._finish(req, cut.finish_reason, cut.text)
         return events
+
+    def _commit(
+        self,
+        req: Request,
+        n: int,
+        accepted: int,
+        emitted: list[int],
+        out: FlatOutput,
+        offset: int,
+        drafted: bool,
+        stats: EngineStats,
+    ):
+        """Commit one request's round: KV, features, tokens, stop rules, its drafter; ``(event, cut)``."""
+        start = self.kv.length(req.id)
+        self.kv.set_length(req.id, start + 1 + accepted)  # anchor + accepted drafts; the rest rolls back
+        new_features = None
+        told = self.drafter is not None and (self.payoff is None or self.payoff.needs_update(req))
+        if out.features is not None and told:
+            new_features = out.features[offset : offset + 1 + accepted]  # [a+1, L, H]
+            req.state.features = req.features.append(new_features)
+        elif out.features is not None:  # copied in when the drafter next reads them
+            req.features.defer(out.features, offset, offset + 1 + accepted)
+        eos, stop = self.target.eos_token_ids, req.params.stop
+        cut = cut_round(req.generated, emitted, eos, req.max_new, stop, self.decode)
+        req.generated += cut.tokens
+        req.state.token_ids += cut.tokens
+        req.rounds.append(RoundLog(proposed=n, accepted=accepted, emitted=len(cut.tokens)))
+        if self.payoff is not None:
+            self.payoff.observe(req, n, accepted, req.proposer if drafted else None)
+            self.payoff.after_commit(req)
+        stats.emitted += len(cut.tokens)
+        if req.on_tokens is not None and cut.tokens:
+            req.on_tokens(cut.tokens)
+        if cut.finish_reason is None and told:
+            update_started = time.perf_counter()
+            priced_started = self.payoff.clock() if self.payoff is not None else 0.0
+            self.drafter.update(req.state, accepted, new_features)
+            if self.payoff is not None:
+                self.payoff.observe_update(req, self.payoff.clock() - priced_started)
+            stats.update_s += time.perf_counter() - update_started
+        return TokenEvent(req.id, cut.tokens, cut.finish_reason), cut
 
     @staticmethod
     def _draft_probs(
