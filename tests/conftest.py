@@ -12,6 +12,7 @@ import atexit
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 # No test may touch the network (SPEC §11: everything runs offline). Set before any
 # transformers / huggingface_hub import reads it.
@@ -52,6 +53,19 @@ TINY_DIMS = dict(
     eos_token_id=2,
     pad_token_id=0,
 )
+
+
+# The fast lane, ``pytest -m "not slow"``: every package's unit tests. The tests that run
+# commands end to end, the real server, the engines' own code or a GPU are slow by where
+# they live.
+SLOW_DIRS = frozenset({"integration", "interop", "gpu"})
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    tests = Path(__file__).parent
+    for item in items:
+        if item.path.relative_to(tests).parts[0] in SLOW_DIRS:
+            item.add_marker(pytest.mark.slow)
 
 
 def _build(model_cls: type[PreTrainedModel], config, seed: int) -> PreTrainedModel:
