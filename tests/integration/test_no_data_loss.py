@@ -95,7 +95,9 @@ def test_train_does_not_replace_a_foreign_drafter_subfolder(tmp_path):
     foreign.mkdir(parents=True)
     (foreign / "data.csv").write_text("1,2,3")
     with pytest.raises(OutputFolderError, match="did not write"):
-        check_replaceable(foreign, inputs=[tmp_path / "run" / "checkpoints" / "step_00000001"])
+        check_replaceable(
+            foreign, command="train", inputs=[tmp_path / "run" / "checkpoints" / "step_00000001"]
+        )
     from dspark.drafters.folder import publish_checkpoint
 
     ckpt = tmp_path / "ckpt"

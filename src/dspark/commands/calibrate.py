@@ -51,15 +51,22 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out", type=Path, required=True, help="folder for calibration.json, the plot and the report"
     )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="overwrite a report in --out, or a drafter folder at --save-to, that no earlier "
+        "`dspark calibrate` there wrote (files of other names are never touched)",
+    )
 
 
 def _drafter_folder(spec: str, target=None) -> Path:
     from dspark.commands.loading import drafter_folder
+    from dspark.drafters.folder import read_config
 
     folder = drafter_folder(spec, target)
     if not (folder / "config.json").is_file():
         raise DsparkError(f"{spec!r} is not a drafter folder; only a trained drafter can be calibrated")
-    raw = json.loads((folder / "config.json").read_text())
+    raw = read_config(folder)
     if not raw.get("enable_confidence_head"):
         raise DsparkError(f"{folder}: this drafter has no confidence head, so there is nothing to calibrate")
     return folder
@@ -100,6 +107,7 @@ def main_calibrate(args: argparse.Namespace) -> int:
         seed=args.seed,
         save_to=args.save_to,
         dry_run=args.dry_run,
+        force=args.force,
     )
     print(
         json.dumps(

@@ -24,6 +24,7 @@ from dspark.commands.options import (
     add_threads,
 )
 from dspark.errors import DsparkError
+from dspark.output_folders import check_not_input, claim_outputs
 
 
 def _raw_help(p: argparse.ArgumentParser, epilog: str) -> None:
@@ -61,6 +62,11 @@ def add_prompts_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=_positive_int, default=None, help="first N prompts of each set")
     p.add_argument("--domains", default=None, help="comma-separated domain tags to keep (default: all)")
     p.add_argument("--no-dedup", action="store_true", help="keep prompts with identical content")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="overwrite an --out / --eval-out file that no earlier `dspark data prompts` wrote",
+    )
 
 
 def main_prompts(args: argparse.Namespace) -> int:
@@ -69,6 +75,19 @@ def main_prompts(args: argparse.Namespace) -> int:
 
     if args.eval_fraction > 0 and args.eval_out is None:
         raise DsparkError("--eval-fraction needs --eval-out")
+    outputs = {"--out": args.out, "--eval-out": args.eval_out}
+    if args.eval_out is not None and args.eval_out.resolve() == args.out.resolve():
+        raise DsparkError("--eval-out is --out; give two files")
+
+    def claim(write: bool) -> None:  # checked before reading the sets, claimed before writing
+        for flag, path in outputs.items():
+            if path is not None:
+                check_not_input(path, args.sets, flag)
+                claim_outputs(
+                    path.parent, [path.name], command="data prompts", flag=flag, force=args.force, write=write
+                )
+
+    claim(write=False)
     prompts = load_prompt_sets(
         args.sets,
         limit=args.limit,
@@ -76,6 +95,7 @@ def main_prompts(args: argparse.Namespace) -> int:
         dedup=not args.no_dedup,
     )
     split = split_prompts(prompts, args.eval_fraction, args.seed)
+    claim(write=True)
     write_prompts(split.train, args.out)
     if args.eval_out is not None:
         write_prompts(split.eval, args.eval_out)
@@ -159,8 +179,10 @@ def main_regenerate(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     template_kwargs = args.template_kwargs
-    prompts = load_prompt_sets(args.prompts, limit=args.limit)
     errors = args.errors or args.out.with_name(args.out.stem + ".errors.jsonl")
+    check_not_input(args.out, args.prompts, "--out")
+    check_not_input(errors, [*args.prompts, args.out], "--errors")
+    prompts = load_prompt_sets(args.prompts, limit=args.limit)
     if args.base_url:
         from dspark.data.http_backend import HttpBackend, HttpConfig
 

@@ -12,6 +12,7 @@ import json
 import logging
 from pathlib import Path
 
+from dspark.commands.argtypes import positive_float, positive_int
 from dspark.commands.loading import TINY_CORPUS
 from dspark.commands.options import add_target, add_template_kwargs, add_threads
 from dspark.drafters.registry import MASK_TOKEN_METHODS, TRAINABLE
@@ -59,12 +60,20 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         help="propose only from the N most frequent tokens of --data (a reduced draft vocabulary, "
         "Eagle3's d2t; still lossless); default: the preset's, else the target's whole vocabulary",
     )
-    p.add_argument("--steps", type=int, default=300, help="optimizer steps")
-    p.add_argument("--batch-size", type=int, default=8, help="global batch (sequences per optimizer step)")
-    p.add_argument("--micro-batch-size", type=int, default=2, help="sequences per forward per process")
-    p.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (warmup 4%%, then cosine)")
-    p.add_argument("--num-anchors", type=int, default=512, help="blocks per sequence (DESIGN §6)")
-    p.add_argument("--max-length", type=int, default=1024, help="tokens per sequence (longer ones are cut)")
+    p.add_argument("--steps", type=positive_int, default=300, help="optimizer steps")
+    p.add_argument(
+        "--batch-size", type=positive_int, default=8, help="global batch (sequences per optimizer step)"
+    )
+    p.add_argument(
+        "--micro-batch-size", type=positive_int, default=2, help="sequences per forward per process"
+    )
+    p.add_argument(
+        "--lr", type=positive_float, default=6e-4, help="peak learning rate (warmup 4%%, then cosine)"
+    )
+    p.add_argument("--num-anchors", type=positive_int, default=512, help="blocks per sequence (DESIGN §6)")
+    p.add_argument(
+        "--max-length", type=positive_int, default=1024, help="tokens per sequence (longer ones are cut)"
+    )
     p.add_argument(
         "--activation-checkpointing",
         action="store_true",
@@ -131,7 +140,18 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--parallel", choices=["ddp", "fsdp"], default="ddp", help="data parallelism under torchrun"
     )
-    p.add_argument("--no-resume", action="store_true", help="start afresh even if a checkpoint exists")
+    p.add_argument(
+        "--no-resume",
+        action="store_true",
+        help="refuse to run if --out already holds checkpoints (default: resume from the newest); "
+        "to start afresh, give a new --out",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="take over --out's train_config.json, metrics.jsonl, checkpoints/ and drafter/ when no "
+        "earlier `dspark train` there wrote them (resuming what they hold); nothing else is touched",
+    )
     p.add_argument(
         "--feature-cache",
         type=Path,
@@ -201,6 +221,24 @@ def _check_recipe_args(args: argparse.Namespace) -> None:
         raise DsparkError(f"--warm-start {args.warm_start}: not a drafter folder (no config.json)")
 
 
+# What `dspark train` writes in --out; anything else there is the user's and never touched.
+RUN_FILES = ("train_config.json", "metrics.jsonl", "checkpoints", "drafter", "tensorboard")
+
+
+def _run_folder(out: Path, force: bool, *, write: bool) -> str | None:
+    """Claim --out's run files for this run (:mod:`dspark.output_folders`); its run id.
+
+    Every rank checks before anything is loaded, so that all refuse alike; rank 0 writes
+    the claim. The drafter folder is checked too: it is replaced at the end, after training.
+    """
+    from dspark.drafters.folder import drafter_folder_check
+    from dspark.output_folders import claim_outputs
+
+    run = claim_outputs(out, RUN_FILES, command="train", force=force, write=write)
+    drafter_folder_check(out / "drafter", run=run, force=force)
+    return run
+
+
 def main_train(args: argparse.Namespace) -> int:
     """Train a drafter against a frozen target (one process, or many under torchrun)."""
     import torch
@@ -240,7 +278,9 @@ def main_train(args: argparse.Namespace) -> int:
         head_lr_mult=args.head_lr_mult,
         prompt_end_anchors=args.prompt_end_anchors,
     )
+    _run_folder(args.out, args.force, write=False)
     with distributed.launch() as world:
+        run = _run_folder(args.out, args.force, write=True) if world.is_main else None
         target = load_target(args.target, device=world.device)
         config = apply_target_choices(
             config, target, target_layers=args.target_layers, mask_token=args.mask_token
@@ -275,7 +315,9 @@ def main_train(args: argparse.Namespace) -> int:
         )
         if world.is_main:
             # The last checkpoint is already a drafter folder (DESIGN §5.4): publish its two files.
-            folder = publish_checkpoint(result.checkpoint, args.out / "drafter", target)
+            folder = publish_checkpoint(
+                result.checkpoint, args.out / "drafter", target, run=run, force=args.force
+            )
             print(
                 json.dumps(
                     {

@@ -27,7 +27,6 @@ import hashlib
 import json
 import logging
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +47,7 @@ from dspark.drafters.kinds import DrafterKind, kind_of_config, kind_of_folder_co
 from dspark.drafters.shared_weights import RECORD_FIELD, SHARED_KEYS, check_record, strip_shared, target_copy
 from dspark.errors import DsparkError
 from dspark.heads.rnn import upgrade_rnn_keys
-from dspark.output_folders import check_replaceable, publish_folder
+from dspark.output_folders import check_replaceable, publish_folder, temp_folder
 from dspark.targets import TargetAdapter, validate_layer_ids
 
 log = logging.getLogger(__name__)
@@ -114,46 +113,62 @@ def cast_floating(state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> 
 
 
 def save_drafter(
-    folder: str | Path, drafter: nn.Module, target: TargetAdapter, *, dtype=None, keep_shared: bool = False
+    folder: str | Path,
+    drafter: nn.Module,
+    target: TargetAdapter,
+    *,
+    dtype=None,
+    keep_shared: bool = False,
+    force: bool = False,
 ) -> Path:
-    """Write ``drafter`` as an HF folder, atomically (temp folder, then rename); see :func:`file_contents`."""
+    """Write ``drafter`` as an HF folder, atomically (temp folder, then rename); see :func:`file_contents`.
+
+    An existing folder is replaced only when an earlier save wrote it, or with ``force``
+    (:func:`_finish`)."""
     folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
     state, config = file_contents(
         drafter.state_dict(), drafter_config_json(drafter, target), target, keep_shared=keep_shared
     )
     state = {k: v.contiguous().cpu() for k, v in cast_floating(state, dtype).items()}
     if dtype is not None:
         config["torch_dtype"] = str(dtype).removeprefix("torch.")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    tmp = temp_folder(folder)
     save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
     (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    return _finish(tmp, folder)
+    return _finish(tmp, folder, force=force)
 
 
-# What a drafter folder holds when dspark wrote it (replaceable even without a marker).
+# The files of a drafter folder: an unmarked folder holding only these is replaced with --force.
 DRAFTER_FILES = (CONFIG_NAME, WEIGHTS_NAME, EXPORT_MANIFEST, "SERVE.md")
 
 
 def _finish(tmp: Path, folder: Path, *, command: str = "save", **check) -> Path:
     """Move the finished temporary folder in place; an existing ``folder`` is replaced only
-    when it holds nothing but a drafter folder dspark wrote (:mod:`dspark.output_folders`)."""
-    check.setdefault("legacy_names", DRAFTER_FILES)
+    when its marker says ``command`` wrote it for the same run, or with ``force`` when it holds
+    nothing but a drafter folder's files (:mod:`dspark.output_folders`)."""
+    check.setdefault("names", DRAFTER_FILES)
     return publish_folder(tmp, folder, command=command, **check)
 
 
+def drafter_folder_check(folder: str | Path, checkpoint: Path | None = None, **check) -> Path:
+    """Refuse to publish training's drafter folder where it would replace what this run did not
+    write (:func:`_finish`); ``check``: ``run``, ``force``. Call it before training, too."""
+    return check_replaceable(Path(folder), command="train", inputs=[checkpoint], names=DRAFTER_FILES, **check)
+
+
 def publish_checkpoint(
-    checkpoint: str | Path, folder: str | Path, target: TargetAdapter | None = None
+    checkpoint: str | Path, folder: str | Path, target: TargetAdapter | None = None, **check
 ) -> Path:
     """A training checkpoint's ``config.json`` + ``model.safetensors`` as a drafter folder.
 
     With ``target``, written through :func:`file_contents` (the target's tensors left out,
     ``d2t``); without, the two files copied as they are (a checkpoint of a full-vocabulary
-    drafter holds every key a folder needs).
+    drafter holds every key a folder needs). ``check``: the training ``run`` and ``force``
+    (:func:`drafter_folder_check`).
     """
     checkpoint, folder = Path(checkpoint), Path(folder)
-    check_replaceable(folder, inputs=[checkpoint], legacy_names=DRAFTER_FILES)  # before copying gigabytes
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    drafter_folder_check(folder, checkpoint, **check)  # before copying gigabytes
+    tmp = temp_folder(folder)
     if target is None:
         for name in (CONFIG_NAME, WEIGHTS_NAME):
             shutil.copyfile(checkpoint / name, tmp / name)
@@ -162,11 +177,13 @@ def publish_checkpoint(
         state, config = file_contents(load_file(str(checkpoint / WEIGHTS_NAME)), raw, target)
         save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
         (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    return _finish(tmp, folder, command="train", inputs=[checkpoint])
+    return _finish(tmp, folder, command="train", inputs=[checkpoint], **check)
 
 
-def _read_config(folder: Path) -> dict[str, Any]:
-    path = folder / CONFIG_NAME
+def read_config(folder: Path) -> dict[str, Any]:
+    """The JSON object in ``folder/config.json`` (the speculators layout flattened); a
+    :class:`DrafterLoadError` for a missing file, bad JSON or a non-object."""
+    path = Path(folder) / CONFIG_NAME
     if not path.is_file():
         raise DrafterLoadError(f"{folder} is not a drafter folder (no {CONFIG_NAME})")
     try:
@@ -175,6 +192,8 @@ def _read_config(folder: Path) -> dict[str, Any]:
         raise DrafterLoadError(f"{path}: not valid JSON ({e.msg})") from None
     except UnicodeDecodeError:
         raise DrafterLoadError(f"{path}: not UTF-8 text") from None
+    except ValueError as e:  # an integer of more digits than Python converts (sys.int_info)
+        raise DrafterLoadError(f"{path}: not a drafter config ({str(e).split(';')[0]})") from None
     if not isinstance(raw, dict):
         raise DrafterLoadError(f"{path}: expected a JSON object, got {type(raw).__name__}")
     layer = raw.get("transformer_layer_config")
@@ -308,7 +327,7 @@ def load_drafter(folder: str | Path, target: TargetAdapter, *, block_size: int |
     target is not changed, every forward gets ``layer_ids=drafter.target_layer_ids``.
     """
     folder = Path(folder)
-    raw = _read_config(folder)
+    raw = read_config(folder)
     kind = kind_of_folder_config(raw, folder)
     check_config_fields(raw, folder, DrafterLoadError)
     _check_against_target(raw, kind, target, folder)
@@ -377,11 +396,10 @@ def with_sts_temperatures(config, temperatures: tuple[float, ...]):
 def convert_folder(src: str | Path, dst: str | Path, dtype: torch.dtype) -> Path:
     """Copy a drafter folder with its weights cast to ``dtype`` (e.g. bf16 to ship)."""
     src, dst = Path(src), Path(dst)
-    raw = _read_config(src)
+    raw = read_config(src)
     state = {k: v.contiguous() for k, v in cast_floating(load_file(str(src / WEIGHTS_NAME)), dtype).items()}
     raw["torch_dtype"] = str(dtype).removeprefix("torch.")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
+    tmp = temp_folder(dst)
     save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
     (tmp / CONFIG_NAME).write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
     return _finish(tmp, dst, command="convert", inputs=[src])

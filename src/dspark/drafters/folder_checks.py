@@ -35,7 +35,13 @@ _INT_FIELDS = {
     "vocab_size": 1,
     "hidden_size": 1,
     "draft_vocab_size": 1,
+    # The draft layers' attention shape is the target's (drafter_dims); a config.json that
+    # holds a broken one is refused, not silently replaced by the target's (issue 40).
+    "num_attention_heads": 1,
+    "num_key_value_heads": 1,
+    "head_dim": 1,
 }
+_POSITIVE_FIELDS = ("rms_norm_eps", "rope_theta")  # finite numbers > 0 where present
 SIZE_FIELDS = (
     "num_hidden_layers",
     "markov_rank",
@@ -69,19 +75,18 @@ def check_config_fields(raw: dict[str, Any], where: Path, error: type[DsparkErro
     ids = raw.get("target_layer_ids")
     if ids is not None and not (isinstance(ids, list) and all(_is_int(i) for i in ids)):
         problems.append(f"target_layer_ids {ids!r} must be a list of integers")
+    rope = raw.get("rope_parameters")  # transformers 5 nests rope_theta here
+    for fields in (raw, rope if isinstance(rope, dict) else {}):
+        for name in _POSITIVE_FIELDS:
+            if fields.get(name) is not None and not _positive_number(fields[name]):
+                problems.append(f"{name} {fields[name]!r} must be a finite number > 0")
     for name in _BOOL_FIELDS:
         if name in raw and not isinstance(raw[name], bool):
             problems.append(f"{name} {raw[name]!r} must be true or false")
     if "markov_head_type" in raw and not isinstance(raw["markov_head_type"], str):
         problems.append(f"markov_head_type {raw['markov_head_type']!r} must be a string")
     temps = raw.get("sts_temperatures")
-    if temps is not None and not (
-        isinstance(temps, list)
-        and all(
-            isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t) and t > 0
-            for t in temps
-        )
-    ):
+    if temps is not None and not (isinstance(temps, list) and all(_positive_number(t) for t in temps)):
         problems.append(f"sts_temperatures {temps!r} must be a list of positive numbers")
     if problems:
         raise error(f"{where}: malformed drafter config: " + "; ".join(problems))

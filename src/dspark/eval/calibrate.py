@@ -21,14 +21,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from dspark.durable import write_atomic
 from dspark.errors import DsparkError
+from dspark.output_folders import claim_outputs
 
+REPORT_FILES = ("calibration.json", "calibration.md", "reliability.png")  # what --out gets
 POSITIONS_SHOWN = (1, 3, 5, 7)  # the paper's Fig. 6 panels
 
 
@@ -40,29 +41,40 @@ def write_temperatures(folder: Path, temperatures: tuple[float, ...]) -> None:
     write_atomic(path, json.dumps(raw, indent=2, sort_keys=True) + "\n")
 
 
-def _check(folder: Path) -> dict:
+def _check(folder: Path, save_to: Path, force: bool) -> dict:
     from dspark.drafters.folder import DRAFTER_FILES
 
-    return {"flag": "--save-to", "inputs": [folder], "legacy_names": DRAFTER_FILES}
+    # The run a copy belongs to is the path it was written at: a copy moved elsewhere by hand is
+    # the user's (:mod:`dspark.output_folders`).
+    return {
+        "command": "calibrate",
+        "run": str(save_to.resolve()),
+        "flag": "--save-to",
+        "inputs": [folder],
+        "names": DRAFTER_FILES,
+        "force": force,
+    }
 
 
-def check_save_to(folder: Path, save_to: Path) -> None:
+def check_save_to(folder: Path, save_to: Path, force: bool = False) -> None:
     """Refuse a ``--save-to`` that would lose data, before any work is done."""
     from dspark.output_folders import check_replaceable
 
-    check_replaceable(save_to, **_check(folder))
+    check_replaceable(save_to, **_check(folder, save_to, force))
 
 
-def save_calibrated_copy(folder: Path, save_to: Path, temperatures: tuple[float, ...] | None) -> Path:
+def save_calibrated_copy(
+    folder: Path, save_to: Path, temperatures: tuple[float, ...] | None, force: bool = False
+) -> Path:
     """A copy of the drafter folder with the temperatures (None: unchanged), at ``save_to``: never
-    replacing a folder dspark did not write, nor one that holds the source (:mod:`dspark.output_folders`)."""
+    replacing a folder this command did not write there (unless ``force``, and then only a drafter
+    folder), nor one that holds the source (:mod:`dspark.output_folders`)."""
     from dspark.drafters.folder import DRAFTER_FILES
-    from dspark.output_folders import publish_folder
+    from dspark.output_folders import publish_folder, temp_folder
 
-    check = _check(folder)
-    check_save_to(folder, save_to)  # before anything is copied
-    save_to.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{save_to.name}.", dir=save_to.parent))
+    check = _check(folder, save_to, force)
+    check_save_to(folder, save_to, force)  # before anything is copied
+    tmp = temp_folder(save_to, "--save-to")
     try:
         for name in DRAFTER_FILES:
             if (folder / name).is_file():
@@ -72,7 +84,7 @@ def save_calibrated_copy(folder: Path, save_to: Path, temperatures: tuple[float,
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return publish_folder(tmp, save_to, command="calibrate", **check)
+    return publish_folder(tmp, save_to, **check)
 
 
 def _fmt(v: float | None, pct: bool = False) -> str:
@@ -160,8 +172,12 @@ def calibrate_drafter(
     seed: int = 0,
     save_to: Path | None = None,
     dry_run: bool = False,
+    force: bool = False,
 ) -> dict:
-    """Steps 1–4 of the module docstring for the drafter in ``folder``; the summary (also in ``out``)."""
+    """Steps 1–4 of the module docstring for the drafter in ``folder``; the summary (also in ``out``).
+
+    ``force`` lets the report overwrite unclaimed files of its names in ``out``, and the copy
+    replace an unclaimed drafter folder at ``save_to`` (:mod:`dspark.output_folders`)."""
     from dspark.calibration.collect import ConfidenceRounds, split_by_group
     from dspark.calibration.metrics import position_calibration
     from dspark.calibration.sts import apply_sts, compose_temperatures, fit_sts, keep_improving
@@ -175,7 +191,8 @@ def calibrate_drafter(
     if bins < 1:
         raise DsparkError("--bins must be >= 1")
     if save_to is not None and not dry_run:  # refuse before the (long) decoding, not after
-        check_save_to(folder, save_to)
+        check_save_to(folder, save_to, force)
+    claim_outputs(out, REPORT_FILES, command="calibrate", force=force)
     drafter = load_drafter(folder, target)
     result = run_eval(target, {"drafter": drafter}, benchmarks, dataclasses.replace(config, baseline=False))
     parts, offset = [], 0
@@ -201,7 +218,7 @@ def calibrate_drafter(
     if not dry_run:
         target_folder = save_to or folder
         if save_to is not None:  # the copy is made either way; it gets temperatures only if they help
-            save_calibrated_copy(folder, save_to, temperatures if improved else None)
+            save_calibrated_copy(folder, save_to, temperatures if improved else None, force)
         elif improved:
             write_temperatures(folder, temperatures)
         if improved:
@@ -212,7 +229,6 @@ def calibrate_drafter(
     shown = (
         [k for k in POSITIONS_SHOWN if k <= block_size] if block_size >= 7 else list(range(1, block_size + 1))
     )
-    out.mkdir(parents=True, exist_ok=True)
     plots.plot_reliability(before, after, out / "reliability.png", positions=shown)
     same = report is fit
     summary = {

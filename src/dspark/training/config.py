@@ -77,15 +77,19 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.max_steps < 1:
             raise DsparkError(f"max_steps must be >= 1, got {self.max_steps}")
-        if self.micro_batch_size < 1 or self.global_batch_size % self.micro_batch_size:
+        if min(self.micro_batch_size, self.global_batch_size) < 1 or (
+            self.global_batch_size % self.micro_batch_size
+        ):
             raise DsparkError(
                 f"global_batch_size {self.global_batch_size} must be a multiple of micro_batch_size "
-                f"{self.micro_batch_size} (>= 1)"
+                f"{self.micro_batch_size} (both >= 1)"
             )
         if not 0.0 <= self.warmup_ratio < 1.0 or not 0.0 <= self.min_lr_ratio <= 1.0:
             raise DsparkError("warmup_ratio must be in [0, 1) and min_lr_ratio in [0, 1]")
-        if self.lr <= 0 or self.max_grad_norm <= 0:
-            raise DsparkError("lr and max_grad_norm must be > 0")
+        if not all(0 < v < math.inf for v in (self.lr, self.max_grad_norm)):  # NaN fails too
+            raise DsparkError(
+                f"lr and max_grad_norm must be finite numbers > 0, got {self.lr} and {self.max_grad_norm}"
+            )
         if self.num_anchors is not None and self.num_anchors < 1:
             raise DsparkError(f"num_anchors must be >= 1 or None, got {self.num_anchors}")
         if min(self.save_every, self.log_every, self.eval_every) < 0 or self.log_every == 0:

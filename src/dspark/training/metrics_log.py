@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from dspark import distributed
 from dspark.durable import write_atomic
+from dspark.errors import DsparkError
 
 log = logging.getLogger(__name__)
 
@@ -151,12 +152,38 @@ class MetricsLog:
             self._tb.close()
 
 
+def _record_step(line: str) -> int | None:
+    """The ``step`` of one metrics line; None if it is not a record this log wrote."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    step = record.get("step") if isinstance(record, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
 def truncate_after(path: Path, step: int) -> None:
-    """Drop records past ``step`` (written before a crash, then redone after resuming)."""
+    """Drop records past ``step`` (written before a crash, then redone after resuming); a fresh
+    run (``step`` 0) starts an empty log. A line that is no record is a one-line error, except
+    a last line cut short by the crash itself."""
     if not path.is_file():
         return
-    lines = path.read_text().splitlines(keepends=True)
-    keep = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
+    if step == 0:
+        write_atomic(path, "", tmp=path.with_name(path.name + ".tmp"))
+        return
+    try:
+        lines = path.read_text().splitlines(keepends=True)
+    except UnicodeDecodeError:
+        lines = ["\ufffd"]  # reported below as line 1
+    steps = [_record_step(line) for line in lines]
+    for i, (line, found) in enumerate(zip(lines, steps)):
+        cut_short = i == len(lines) - 1 and not line.endswith("\n")
+        if found is None and line.strip() and not cut_short:
+            raise DsparkError(
+                f"{path}: line {i + 1} is not a metrics record of dspark train; move the file "
+                "away to resume, or train into a new folder"
+            )
+    keep = [line for line, found in zip(lines, steps) if found is not None and found <= step]
     if len(keep) != len(lines):
         write_atomic(path, "".join(keep), tmp=path.with_name(path.name + ".tmp"))
 

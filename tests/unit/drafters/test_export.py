@@ -283,7 +283,7 @@ def test_existing_out_is_refused_without_force(tmp_path, target):
     out = tmp_path / "out"
     out.mkdir()
     (out / "config.json").write_text("{}")
-    with pytest.raises(ExportError, match="not empty; pass --force"):
+    with pytest.raises(ExportError, match="not empty.*pass --force"):
         export_drafter(drafter, target, out, fmt="hf")
     assert (out / "config.json").read_text() == "{}"
     export_drafter(drafter, target, out, fmt="hf", force=True)

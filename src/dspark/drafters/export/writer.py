@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -21,6 +20,7 @@ from torch import nn
 
 from dspark import __version__
 from dspark.drafters.draft_vocab import to_file_state
+from dspark.drafters.export.gguf_export import GGUF_FILES, export_gguf
 from dspark.drafters.export.layouts import FORMATS, LAYOUTS, ExportError, ExportInput
 from dspark.drafters.export.serve import serve_instructions
 from dspark.drafters.export.sidecars import SPS_NAME, STS_NAME
@@ -35,7 +35,7 @@ from dspark.drafters.folder import (
     load_drafter,
 )
 from dspark.drafters.kinds import DrafterKind, kind_of_config
-from dspark.output_folders import OutputFolderError, check_replaceable
+from dspark.output_folders import OutputFolderError, check_replaceable, temp_folder
 from dspark.targets import TargetAdapter
 
 log = logging.getLogger(__name__)
@@ -47,16 +47,18 @@ SERVE_NAME = "SERVE.md"
 # -- export ---------------------------------------------------------------------------------
 
 
-def _out_check(force: bool, source: Path | None) -> dict:
+def _out_check(force: bool, source: Path | None, out: Path) -> dict:
     """Never lose data (:mod:`dspark.output_folders`): an existing non-empty ``out`` is replaced
-    only with ``force``, only when it holds nothing but a drafter folder or export dspark wrote,
-    and never when it holds the source."""
+    only with ``force``, only when it holds nothing but a drafter folder's or an export's files,
+    and never when it holds the source. An export belongs to the path it was written at."""
     return {
+        "command": "export",
+        "run": str(out.resolve()),
         "flag": "--out",
         "inputs": [source],
-        "replace": force,
-        "force_hint": "pass --force to replace it",
-        "legacy_names": (*DRAFTER_FILES, STS_NAME, SPS_NAME),
+        "force": force,
+        "own_needs_force": True,
+        "names": (*DRAFTER_FILES, STS_NAME, SPS_NAME, *GGUF_FILES),
     }
 
 
@@ -103,9 +105,12 @@ def export_drafter(
     out = Path(out).expanduser()
     source_path = Path(source) if source is not None and Path(source).is_dir() else None
     try:
-        check_replaceable(out, **_out_check(force, source_path))
+        check_replaceable(out, **_out_check(force, source_path, out))
     except OutputFolderError as e:
         raise ExportError(str(e)) from None
+    if fmt == "gguf":  # llama.cpp's single-file format, not a safetensors folder
+        check = _out_check(force, source_path, out)
+        return _export_gguf(drafter, target, out, dtype, source, target_name, check)
 
     config = drafter_config_json(drafter, target)
     dtype_name = str(dtype).removeprefix("torch.")
@@ -130,8 +135,7 @@ def export_drafter(
     )
     config = layout.config
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp = temp_folder(out)
     try:
         save_file(layout.state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
         (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
@@ -157,4 +161,19 @@ def export_drafter(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     log.info("exported %s drafter for %s to %s", kind.name, fmt, out)
-    return _finish(tmp, out, command="export", **_out_check(force, source_path))
+    return _finish(tmp, out, **_out_check(force, source_path, out))
+
+
+def _export_gguf(drafter, target, out: Path, dtype, source, target_name: str | None, check: dict) -> Path:
+    """``--format gguf`` (:mod:`~dspark.drafters.export.gguf_export`), validated and published alike."""
+    tmp = temp_folder(out)
+    try:
+        export_gguf(
+            drafter, target, tmp, out, dtype=dtype, source=source,
+            target_name=target_name or str(target.config.name_or_path),
+        )  # fmt: skip
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("exported %s drafter for llama.cpp to %s", kind_of_config(drafter.config).name, out)
+    return _finish(tmp, out, **check)
