@@ -103,7 +103,7 @@ def _round(
     return result.emitted(drafts, 0), accepted, new
 
 
-def _prefill(
+def prefill(
     target: TargetAdapter,
     drafter: Drafter | None,
     prompt_ids: list[int],
@@ -124,6 +124,27 @@ def _prefill(
     return req
 
 
+def start_request(
+    target: TargetAdapter,
+    drafter: Drafter | None,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    decode: Callable[[list[int]], str] | None,
+) -> tuple[_Request, int]:
+    """Check a request and prefill it: its state, and how many tokens it may generate."""
+    if not prompt_ids:
+        raise DsparkError("the prompt is empty")
+    if len(prompt_ids) + 1 > target.max_context:
+        raise PromptTooLongError(
+            f"prompt has {len(prompt_ids)} tokens; the target's context is {target.max_context}"
+        )
+    if params.stop and decode is None:
+        raise ValueError("stop strings need a decode function")
+    generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+    max_new = min(params.max_tokens, target.max_context - len(prompt_ids))
+    return prefill(target, drafter, prompt_ids, params, generator), max_new
+
+
 def speculative_generate(
     target: TargetAdapter,
     drafter: Drafter | None,
@@ -142,18 +163,8 @@ def speculative_generate(
     ``on_tokens`` is called with each round's emitted tokens, for streaming;
     ``on_round(block, num_accepted)`` after each drafting round (see :data:`OnRound`).
     """
-    if not prompt_ids:
-        raise DsparkError("the prompt is empty")
-    if len(prompt_ids) + 1 > target.max_context:
-        raise PromptTooLongError(
-            f"prompt has {len(prompt_ids)} tokens; the target's context is {target.max_context}"
-        )
-    if params.stop and decode is None:
-        raise ValueError("stop strings need a decode function")
     started = time.perf_counter()
-    generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
-    max_new = min(params.max_tokens, target.max_context - len(prompt_ids))
-    req = _prefill(target, drafter, prompt_ids, params, generator)
+    req, max_new = start_request(target, drafter, prompt_ids, params, decode)
     generated: list[int] = []
     rounds: list[RoundLog] = []
 

@@ -245,6 +245,8 @@ class TargetAdapter:
         *,
         with_features: bool = True,
         layer_ids: Sequence[int] | None = None,
+        positions: Tensor | None = None,
+        attention_mask: Tensor | None = None,
     ) -> TargetOutput:
         """Run the target over new tokens ``ids`` [B, T]; positions continue from ``cache.length``.
 
@@ -253,6 +255,10 @@ class TargetAdapter:
         ``with_features`` the raw outputs of ``layer_ids`` — the caller's drafter's
         ``target_layer_ids``; ``None`` means the adapter's default :attr:`target_layer_ids`.
         The layers are an argument, never state changed by whoever loads a drafter.
+
+        A token tree (``sampling/tree.py``) passes its own ``positions [B, T]`` (context
+        length + depth) and ``attention_mask [B, 1, T, cache.length + T]`` bool (True: may
+        attend; each node sees the context and its ancestors); None: consecutive and causal.
         """
         assert ids.dim() == 2 and ids.dtype == torch.long, (
             f"ids must be [B, T] long, got {ids.dtype} {ids.shape}"
@@ -262,14 +268,25 @@ class TargetAdapter:
         if cache.length + T > self.max_context:
             raise ValueError(f"context {cache.length + T} exceeds the target's max {self.max_context}")
         ids = ids.to(self.device)
-        positions = torch.arange(cache.length, cache.length + T, device=self.device).expand(B, T)  # [B, T]
+        if positions is None:
+            positions = torch.arange(cache.length, cache.length + T).expand(B, T)  # [B, T]
+        mask = {}
+        if attention_mask is not None:  # additive, as both the eager and the SDPA attention read it
+            assert attention_mask.shape == (B, 1, T, cache.length + T), tuple(attention_mask.shape)
+            blocked = torch.finfo(self.dtype).min
+            additive = torch.zeros(attention_mask.shape, dtype=self.dtype, device=self.device)
+            mask["attention_mask"] = additive.masked_fill(~attention_mask.to(self.device), blocked)
 
         layers = self.feature_layers(layer_ids) if with_features else ()
         captured: dict[int, Tensor] = {}
         hooks = self._capture_features(captured, layers)
         try:
             out = self._decoder(
-                input_ids=ids, position_ids=positions, use_cache=True, **{self._cache_kwarg: cache.kv}
+                input_ids=ids,
+                position_ids=positions.to(self.device),
+                use_cache=True,
+                **mask,
+                **{self._cache_kwarg: cache.kv},
             )
         finally:
             for handle in hooks:

@@ -7,6 +7,7 @@ without recomputing anything before it.
 
 from __future__ import annotations
 
+import torch
 from transformers import DynamicCache
 
 
@@ -53,6 +54,24 @@ class TargetCache:
         self.kv.crop(length - self._length)
         self._length = length
         assert self.kv.get_seq_length() == length
+
+    def keep_rows(self, start: int, rows: list[int]) -> None:
+        """Keep the first ``start`` tokens, then the cached tokens ``start + rows[i]`` in order.
+
+        After a token tree's verification forward the accepted path (anchor and accepted
+        nodes) lies scattered among the tree's rows; this packs it behind the context and
+        drops every other node. Its keys already carry the right positions (context length
+        + depth), so nothing is recomputed.
+        """
+        if not 0 <= start <= self._length or any(not 0 <= start + i < self._length for i in rows):
+            raise ValueError(f"cannot keep rows {rows} after {start}: cache holds {self._length} tokens")
+        index = torch.tensor(list(range(start)) + [start + i for i in rows])
+        for layer in self.kv.layers:
+            idx = index.to(layer.keys.device)
+            layer.keys = layer.keys.index_select(-2, idx)  # [B, kvh, start + len(rows), hd]
+            layer.values = layer.values.index_select(-2, idx)
+        self._length = start + len(rows)
+        assert self.kv.get_seq_length() == self._length
 
     def __repr__(self) -> str:
         return f"TargetCache(length={self._length}, batch_size={self.batch_size})"
