@@ -30,7 +30,7 @@ from dspark.drafters.attention import rope_cos_sin
 from dspark.drafters.dflash import DFlashConfig, DFlashDrafter
 from dspark.drafters.dspark import DSparkConfig, DSparkDrafter
 from dspark.drafters.eagle3 import Eagle3Config, Eagle3Drafter
-from dspark.drafters.export import FORMATS, ExportError, export_drafter
+from dspark.drafters.export import LAYOUTS, ExportError, export_drafter
 from dspark.targets import TargetAdapter
 
 DIMS = dict(
@@ -209,7 +209,7 @@ def export_all(root: Path) -> list[Case]:
             targets[spec.family] = root / f"target-{spec.family}"
             target.model.save_pretrained(targets[spec.family])
         reference = eagle3_reference(drafter) if method == "eagle3" else block_reference(drafter)
-        for fmt in FORMATS:
+        for fmt in LAYOUTS:  # the folder formats (gguf: test_llamacpp_*.py)
             out = root / f"{spec.name}.{fmt}"
             try:
                 export_drafter(

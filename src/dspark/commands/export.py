@@ -11,7 +11,7 @@ from dspark.drafters.registry import TRAINABLE
 from dspark.errors import DsparkError
 
 # Light copies, so that the parser needs no torch; a test pins them to drafters.export's.
-FORMATS = ("vllm", "sglang", "speculators", "hf")  # drafters.export.FORMATS
+FORMATS = ("vllm", "sglang", "speculators", "hf", "gguf")  # drafters.export.FORMATS
 DTYPE_NAMES = ("bf16", "fp16", "fp32")  # the keys of drafters.export.DTYPES
 
 
@@ -23,7 +23,9 @@ def add_export_args(p: argparse.ArgumentParser) -> None:
         dest="fmt",
         help="vllm: for `vllm serve TARGET --speculative-config` (method dspark or eagle3); "
         "speculators: for `vllm serve FOLDER`; sglang: for --speculative-algorithm DSPARK/EAGLE3 "
-        "(with its STS JSON); hf: our own folder, DeepSpec's layout for DSpark/DFlash. "
+        "(with its STS JSON); hf: our own folder, DeepSpec's layout for DSpark/DFlash; gguf: the draft "
+        "GGUF llama.cpp serves (llama-server -md, --spec-type draft-dspark), with the target's GGUF "
+        "where it has none. "
         "What an engine cannot represent is refused with the reason",
     )
     p.add_argument(

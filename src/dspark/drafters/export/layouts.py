@@ -32,9 +32,12 @@ from dspark.drafters.export.sidecars import SPS_NAME, STS_NAME, sglang_sps_table
 from dspark.drafters.kinds import DrafterKind
 from dspark.errors import DsparkError
 
-FORMATS = ("vllm", "sglang", "speculators", "hf")
+# gguf: llama.cpp's single file (gguf_export.py); the others are folders written by LAYOUTS.
+FORMATS = ("vllm", "sglang", "speculators", "hf", "gguf")
 # Which engine each format is for (the names used in errors, SERVE.md and the interop table).
-ENGINE_OF_FORMAT = {"vllm": "vLLM", "sglang": "SGLang", "speculators": "vLLM", "hf": "DeepSpec"}
+ENGINE_OF_FORMAT = {
+    "vllm": "vLLM", "sglang": "SGLang", "speculators": "vLLM", "hf": "DeepSpec", "gguf": "llama.cpp",
+}  # fmt: skip
 DEEPSPEC_NUM_ANCHORS = 512  # DeepSpec's config asserts the field; it only matters in training
 SPECULATORS_VERSION = "0.9.0"  # the speculators config schema we write
 OWN_ARCHITECTURE = "DsparkFamilyDraftModel"  # read by our loader only (dspark_method)
