@@ -46,6 +46,13 @@ def ece(pred: np.ndarray, label: np.ndarray, bins: int = DEFAULT_BINS) -> float:
     return float(gap.sum() / pred.size)
 
 
+def ece_noise(num_rounds: int) -> float:
+    """How far an ECE measured on ``num_rounds`` rounds moves by chance: the largest standard
+    error of an acceptance rate over that many rounds, ``0.5 / sqrt(n)`` (a binomial at p = ½).
+    A change of mean ECE smaller than this is not a change of calibration."""
+    return 0.5 / max(num_rounds, 1) ** 0.5
+
+
 def brier(pred: np.ndarray, label: np.ndarray) -> float:
     """Mean squared error of the probabilities (0.0 for no samples)."""
     pred, label = _check(pred, label)

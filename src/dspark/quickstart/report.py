@@ -15,6 +15,13 @@ from dspark.quickstart import comparison
 from dspark.quickstart.plan import DOMAINS, METHODS, QuickstartPlan
 from dspark.quickstart.references import is_reference
 from dspark.quickstart.stages import StageLog
+from dspark.quickstart.verdicts import (
+    BEYOND_TAU,
+    BEYOND_TAU_NOTE,
+    calibration_verdict,
+    speed_verdict,
+    speedup_cell,
+)
 
 PLAIN = "none"
 
@@ -53,7 +60,7 @@ def eval_tables(rows: list[dict[str, Any]]) -> tuple[str, dict[str, dict[str, fl
                 f"**{name}**",
                 *(_f(t) for t in taus),
                 _f(means[name]["tau"]),
-                *(_f(s, 2, "×") for s in speedups),
+                *(speedup_cell(s, t) for s, t in zip(speedups, taus)),
                 _f(means[name]["speedup"], 2, "×"),
             ]  # fmt: skip
         )
@@ -63,15 +70,8 @@ def eval_tables(rows: list[dict[str, Any]]) -> tuple[str, dict[str, dict[str, fl
 
 
 def serve_table(points: list[dict[str, Any]]) -> str:
-    header = [
-        "policy",
-        "clients",
-        "requests",
-        "throughput (tok/s)",
-        "per-user (tok/s)",
-        "τ",
-        "verified / request / round",
-    ]
+    header = ["policy", "clients", "requests", "throughput (tok/s)", "per-user (tok/s)", "τ"]
+    header.append("verified / request / round")
     rows = [
         [
             "plain decoding" if p["policy"] == PLAIN else p["policy"],
@@ -85,6 +85,15 @@ def serve_table(points: list[dict[str, Any]]) -> str:
         for p in points
     ]
     return md_table(header, rows)
+
+
+def serving_taus(points: list[dict[str, Any]]) -> dict[str, dict[int, float]]:
+    """τ of each policy at each concurrency."""
+    out: dict[str, dict[int, float]] = defaultdict(dict)
+    for p in points:
+        if p["policy"] != PLAIN:
+            out[p["policy"]][p["concurrency"]] = p["tau"]
+    return dict(out)
 
 
 def serving_speedups(points: list[dict[str, Any]]) -> dict[str, dict[int, float]]:
@@ -122,7 +131,7 @@ def _calibration_text(calibration: dict[str, Any]) -> str:
     before, after = calibration["mean_ece_before"], calibration["mean_ece_after"]
     text = (
         f"Reported on {calibration['report_rounds']} rounds ({calibration['report_set']}). "
-        f"Mean ECE {_pct(before)} → {_pct(after)}."
+        f"Mean ECE {_pct(before)} → {_pct(after)}: {calibration_verdict(calibration)}."
     )
     fitted = calibration.get("fitted_temperatures")
     if calibration.get("improved") is False:
@@ -139,12 +148,7 @@ def _calibration_text(calibration: dict[str, Any]) -> str:
         if dropped
         else ""
     )
-    worse = (
-        " Mean ECE did not improve: the kept temperatures help their own positions but not the mean."
-        if after >= before
-        else ""
-    )
-    return f"Temperatures written: {temps}. {text}{note}{worse}"
+    return f"Temperatures written: {temps}. {text}{note}"
 
 
 def _plain_note(
@@ -196,6 +200,8 @@ def headline_figures(
     best = max(trained, key=lambda m: trained[m]["tau"] or 0.0) if trained else None
     math = next((r for r in rows if r["drafter"] == "dspark-shipped" and r["domain"] == "math"), None)
     return {
+        "speed_verdict": speed_verdict(means).replace("**", ""),
+        "calibration_verdict": calibration_verdict(calibration),
         "best_trained": best,
         "best_trained_tau": trained[best]["tau"] if best else None,
         "best_trained_speedup": trained[best]["speedup"] if best else None,
@@ -217,6 +223,7 @@ def headline_lines(summary: dict[str, Any]) -> list[str]:
         return []
     ece = h["mean_ece"]
     lines = [
+        *([h["speed_verdict"]] if h.get("speed_verdict") else []),
         f"best trained drafter: {h['best_trained']} τ {_f(h['best_trained_tau'])}, "
         f"{_f(h['best_trained_speedup'], 2, '×')} plain decoding (mean over math/code/chat)",
         f"shipped DSpark on math: τ {_f(h['shipped_math_tau'])}, {_f(h['shipped_math_speedup'], 2, '×')} "
@@ -227,6 +234,7 @@ def headline_lines(summary: dict[str, Any]) -> list[str]:
             for p, by_c in h["serving_speedups"].items()
         ),
         f"calibration: mean held-out ECE {_pct(ece[0])} → {_pct(ece[1])}"
+        + (f", {h['calibration_verdict']}" if h.get("calibration_verdict") else "")
         + ("" if h["calibration_improved"] is not False else " (no temperature improved it: none written)"),
     ]
     lines += comparison.headline_lines(h.get("shipped_comparison") or [])
@@ -268,8 +276,9 @@ def write_report(
         [str(c["position"]), _pct(c["ece_before"]), _pct(c["ece_after"]), _f(c["auc"])]
         for c in calibration["positions"]
     ]
+    taus = serving_taus(serving["points"])
     speed_rows = [
-        [policy, *(_f(by_c.get(c), 2, "×") for c in plan.serve_concurrency)]
+        [policy, *(speedup_cell(by_c.get(c), taus.get(policy, {}).get(c)) for c in plan.serve_concurrency)]
         for policy, by_c in speedups.items()
     ]
     stage_rows = [
@@ -324,6 +333,13 @@ finished by an earlier invocation): {stage_seconds:.0f} s.
 
 {eval_md}
 
+**τ** (acceptance length) is what decoding measured: tokens emitted per verification round,
+accepted drafts + 1. **Expected τ** (the training table, the section below) is the same
+quantity predicted without decoding, from the drafter's acceptance probabilities on the target's
+own answers with fixed anchors, `1 + Σ_k Π_{{i≤k}} acceptance_i`; the two differ because decoding
+meets other prompts, samples its drafts and stops at the answer's end.
+{BEYOND_TAU_NOTE if BEYOND_TAU in eval_md else ""}
+
 Highest mean τ of the drafters trained here: **{best}**. For reference, rows this run did
 not train: `ngram` (prompt lookup, no training at all) and `<method>-shipped` (the drafters
 in the package; how they were trained is in the next section). Full per-benchmark report
@@ -350,6 +366,7 @@ with histograms and prefix survival: [eval/report.md](eval/report.md).
 Per-user speed over plain decoding at the same number of clients:
 
 {md_table(["policy", *(f"{c} clients" for c in plan.serve_concurrency)], speed_rows)}
+{BEYOND_TAU_NOTE if any(BEYOND_TAU in cell for row in speed_rows for cell in row) else ""}
 
 ![throughput vs per-user speed](serve/throughput_vs_per_user.png)
 
@@ -357,7 +374,7 @@ Per-user speed over plain decoding at the same number of clients:
 
 ## What to read into this
 
-{_shipped_text(means, evaluated["rows"])}
+{speed_verdict(means)} {_shipped_text(means, evaluated["rows"])}
 
 The drafters here saw {plan.train_steps * plan.batch_size} sequences each; the shipped ones
 (`dspark generate --drafter dspark`) saw the budgets above, DeepSeek's millions. τ rises with the
