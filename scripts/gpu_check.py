@@ -81,27 +81,31 @@ def section_limit(name: str, remaining_s: float, *, dry_run: bool) -> float | No
 Runner = Callable[[str, float], dict]  # (section, limit_s) -> record
 
 
+def run_process(cmd: list[str], limit_s: float, env: dict[str, str]) -> dict:
+    """Run a section's process under ``limit_s``; its record from the JSON on its last stdout line."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit_s, env=env)
+    except subprocess.TimeoutExpired as e:
+        tail = (e.stderr or b"")[-2000:]
+        return {
+            "status": "timeout",
+            "stderr": tail.decode(errors="replace") if isinstance(tail, bytes) else tail,
+        }
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode or not lines:
+        return {"status": "error", "rc": proc.returncode, "stderr": proc.stderr[-2000:]}
+    try:
+        return {"status": "ok", "result": json.loads(lines[-1])}
+    except json.JSONDecodeError:
+        return {"status": "error", "stderr": f"no JSON result: {lines[-1][:200]}"}
+
+
 def run_child(ns: argparse.Namespace) -> Runner:
     """A runner that runs a section in a fresh ``python gpu_check.py --child NAME`` process."""
 
     def run(name: str, limit_s: float) -> dict:
         cmd = [sys.executable, __file__, "--child", name] + (["--dry-run"] if ns.dry_run else [])
-        env = os.environ | {"GPU_CHECK_SECTION_S": str(limit_s)}
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit_s, env=env)
-        except subprocess.TimeoutExpired as e:
-            tail = (e.stderr or b"")[-2000:]
-            return {
-                "status": "timeout",
-                "stderr": tail.decode(errors="replace") if isinstance(tail, bytes) else tail,
-            }
-        lines = proc.stdout.strip().splitlines()
-        if proc.returncode or not lines:
-            return {"status": "error", "rc": proc.returncode, "stderr": proc.stderr[-2000:]}
-        try:
-            return {"status": "ok", "result": json.loads(lines[-1])}
-        except json.JSONDecodeError:
-            return {"status": "error", "stderr": f"no JSON result: {lines[-1][:200]}"}
+        return run_process(cmd, limit_s, os.environ | {"GPU_CHECK_SECTION_S": str(limit_s)})
 
     return run
 

