@@ -8,13 +8,18 @@
    file, against the same command on a 3-line file (the process start + target load).
 
     PYTHONPATH=/path/to/tree/src python scripts/bench_hardening.py [--lines 1000000]
+
+Issue 40's fuzz run of every drafter is ``scripts/fuzz_server.py`` (it reuses this
+file's server and ``/health`` poller).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
+import queue
 import re
 import subprocess
 import sys
@@ -34,13 +39,16 @@ def _status(pid: int, field: str) -> float:
     return int(re.search(rf"^{field}:\s+(\d+)", text, re.M).group(1)) / 1024
 
 
-def start_server() -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "dspark", "--threads", "1", "serve", "--port", "0", "--drafter", "none"]
+def start_server(drafter: str = "none", log: list[str] | None = None) -> tuple[subprocess.Popen, str]:
+    """``dspark serve`` with its default settings but ``--drafter``, on 127.0.0.1 (any free port);
+    the server's later stderr lines go to ``log`` when given."""
+    cmd = [sys.executable, "-m", "dspark", "--threads", "1", "serve", "--port", "0", "--drafter", drafter]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:
         m = re.search(r"at (http://[\d.]+:\d+)", line)
         if m:
-            threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe drained
+            drain = proc.stderr.read if log is None else lambda: log.extend(proc.stderr)
+            threading.Thread(target=drain, daemon=True).start()  # keep the pipe drained
             url = m.group(1)
             break
     else:
@@ -51,30 +59,65 @@ def start_server() -> tuple[subprocess.Popen, str]:
             if httpx.get(f"{url}/health", timeout=5).status_code == 200:
                 return proc, url
         except httpx.TransportError:
-            time.sleep(0.2)
+            pass
+        time.sleep(0.2)
     raise RuntimeError("the server did not answer /health")
+
+
+def _poll_health(url: str, stop, out) -> None:
+    """Poll ``url``/health every 10 ms until ``stop`` is set; put the figures on ``out``."""
+    worst, polls, not_ok, errors = 0.0, 0, {}, 0
+    with httpx.Client(timeout=120) as c:
+        while not stop.is_set():
+            t = time.perf_counter()
+            try:
+                status = c.get(f"{url}/health").status_code
+            except httpx.TransportError:
+                errors, status = errors + 1, None
+            worst, polls = max(worst, time.perf_counter() - t), polls + 1
+            if status != 200:
+                not_ok[status] = not_ok.get(status, 0) + 1
+            time.sleep(0.01)
+    out.put((worst, polls, not_ok, errors))
+
+
+class HealthPoller:
+    """Polls ``/health`` every 10 ms on its own connection while in use: worst latency, answers
+    other than 200 (a 503 is a dead engine or a draining server), transport errors.
+
+    From a thread of this process by default, so the worst latency includes this process's
+    own delays (a client sending 10 MB); ``process=True`` polls from a process of its own.
+    """
+
+    def __init__(self, url: str, *, process: bool = False) -> None:
+        self.url, self.worst, self.polls, self.not_ok, self.errors = url, 0.0, 0, {}, 0
+        if process:
+            ctx = multiprocessing.get_context("spawn")
+            self._stop, self._out = ctx.Event(), ctx.Queue()
+            self._poller = ctx.Process(target=_poll_health, args=(url, self._stop, self._out), daemon=True)
+        else:
+            self._stop, self._out = threading.Event(), queue.Queue()
+            self._poller = threading.Thread(
+                target=_poll_health, args=(url, self._stop, self._out), daemon=True
+            )
+
+    def __enter__(self) -> HealthPoller:
+        self._poller.start()
+        time.sleep(0.2)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        time.sleep(0.2)
+        self._stop.set()
+        self.worst, self.polls, self.not_ok, self.errors = self._out.get(timeout=180)
+        self._poller.join()
 
 
 def worst_health_latency(url: str, request=None, idle_s: float = 2.0) -> tuple[float, object]:
     """Worst /health latency (s) while ``request()`` runs (or for ``idle_s`` seconds)."""
-    worst, stop = [0.0], threading.Event()
-
-    def poll() -> None:
-        with httpx.Client(timeout=120) as c:
-            while not stop.is_set():
-                t = time.perf_counter()
-                c.get(f"{url}/health")
-                worst[0] = max(worst[0], time.perf_counter() - t)
-                time.sleep(0.01)
-
-    thread = threading.Thread(target=poll, daemon=True)
-    thread.start()
-    time.sleep(0.2)
-    result = request() if request is not None else time.sleep(idle_s)
-    time.sleep(0.2)
-    stop.set()
-    thread.join()
-    return worst[0], result
+    with HealthPoller(url) as poller:
+        result = request() if request is not None else time.sleep(idle_s)
+    return poller.worst, result
 
 
 def bench_server() -> dict:

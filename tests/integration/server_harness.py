@@ -24,13 +24,20 @@ MODEL = "tiny-test"
 SPS = SpsTable.from_dict({b: 1.0 / (1.0 + b / 16) for b in range(1, 300)})
 
 
-def make_worker(target, *, drafter=True, policy: str = "fixed", max_batch: int = 4, max_seq_len: int = 128):
-    engine = Engine(
-        target,
-        NgramDrafter(target.vocab_size) if drafter is True else drafter,
-        EngineConfig(policy=policy, max_batch=max_batch, max_seq_len=max_seq_len, block_size=4),
-        sps=SPS,
+def make_worker(
+    target,
+    *,
+    drafter=True,
+    policy: str = "fixed",
+    max_batch: int = 4,
+    max_seq_len: int = 128,
+    payoff: bool = False,
+):
+    """An engine worker over ``target``; ``policy="prefix", payoff=True`` are ``dspark serve``'s defaults."""
+    config = EngineConfig(
+        policy=policy, max_batch=max_batch, max_seq_len=max_seq_len, block_size=4, payoff=payoff
     )
+    engine = Engine(target, NgramDrafter(target.vocab_size) if drafter is True else drafter, config, sps=SPS)
     return EngineWorker(engine, idle_wait_s=0.01)
 
 
