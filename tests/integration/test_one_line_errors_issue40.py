@@ -77,3 +77,9 @@ def test_no_resume_says_what_it_does(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "--no-resume refuse to run if --out already holds checkpoints" in text
     assert "start afresh even if" not in text
+
+
+def test_a_prompt_file_with_a_5000_digit_integer_is_one_line(tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"turns": ["hi"], "n": ' + "9" * 5000 + "}\n")
+    _one_line(*_run(capsys, "data", "prompts", "--set", prompts, "--out", tmp_path / "o.jsonl"), "digits")

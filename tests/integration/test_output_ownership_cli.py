@@ -154,3 +154,15 @@ def test_data_prompts_refuses_its_input_and_a_users_file(tmp_path, capsys):
     assert out.read_text() == "my own prompts\n"
     assert _run(capsys, "data", "prompts", "--set", prompts, "--out", out, "--force")[0] == 0
     assert _run(capsys, "data", "prompts", "--set", prompts, "--out", out)[0] == 0  # control: ours now
+
+
+def test_eval_out_does_not_overwrite_a_users_report(tmp_path, capsys):
+    report = tmp_path / "report"
+    report.mkdir()
+    (report / "report.md").write_text("my notes")
+    argv = ["eval", "--drafters", "ngram", "--bench", "math", "--limit", "1", "--max-tokens", "4"]
+    argv += ["--no-baseline", "--no-progress", "--out", report]
+    _refused(*_run(capsys, *argv), "report.md")
+    assert sorted(p.name for p in report.iterdir()) == ["report.md"]
+    assert _run(capsys, *argv, "--force")[0] == 0
+    assert _run(capsys, *argv)[0] == 0  # control: eval's own report now

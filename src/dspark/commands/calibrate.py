@@ -14,6 +14,7 @@ from dspark.commands.eval import (
     load_eval_target,
     setup_threads,
 )
+from dspark.commands.options import add_force
 from dspark.drafters.registry import TRAINABLE
 from dspark.errors import DsparkError
 
@@ -51,11 +52,8 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out", type=Path, required=True, help="folder for calibration.json, the plot and the report"
     )
-    p.add_argument(
-        "--force",
-        action="store_true",
-        help="overwrite a report in --out, or a drafter folder at --save-to, that no earlier "
-        "`dspark calibrate` there wrote (files of other names are never touched)",
+    add_force(
+        p, "a report in --out, or a drafter folder at --save-to, that no earlier `dspark calibrate` wrote"
     )
 
 

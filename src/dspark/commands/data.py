@@ -17,6 +17,7 @@ from dspark.commands.argtypes import positive_int as _positive_int
 from dspark.commands.loading import set_threads
 from dspark.commands.options import (
     add_drafter,
+    add_force,
     add_no_progress,
     add_sampling,
     add_target,
@@ -62,11 +63,7 @@ def add_prompts_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=_positive_int, default=None, help="first N prompts of each set")
     p.add_argument("--domains", default=None, help="comma-separated domain tags to keep (default: all)")
     p.add_argument("--no-dedup", action="store_true", help="keep prompts with identical content")
-    p.add_argument(
-        "--force",
-        action="store_true",
-        help="overwrite an --out / --eval-out file that no earlier `dspark data prompts` wrote",
-    )
+    add_force(p, "an --out / --eval-out file that no earlier `dspark data prompts` wrote")
 
 
 def main_prompts(args: argparse.Namespace) -> int:

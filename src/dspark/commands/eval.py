@@ -27,6 +27,7 @@ from dspark.commands.options import (
     add_device,
     add_drafters,
     add_dtype,
+    add_force,
     add_no_progress,
     add_target,
     add_template_kwargs,
@@ -159,21 +160,26 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
         "draft either way)",
     )
     p.add_argument("--out", type=Path, required=True, help="folder for results.json, the plots and report.md")
+    add_force(p, "a report in --out that no earlier `dspark eval` there wrote")
 
 
 def main_eval(args: argparse.Namespace) -> int:
     """Speculative decoding of benchmarks with several drafters: τ, acceptance per position, speedup."""
-    from dspark.eval.report import write_eval_report
+    from dspark.eval.report import report_files, write_eval_report
     from dspark.eval.runner import run_eval
+    from dspark.output_folders import claim_outputs
 
     setup_threads(args)
     config = eval_config(args, baseline=not args.no_baseline)
     specs = parse_drafter_specs(args.drafters)
+    claim = dict(names=report_files(specs), command="eval", force=args.force)
+    claim_outputs(args.out, **claim, write=False)  # before the (long) decoding
     benchmarks = load_benchmarks(args)  # the cheap checks first
     target = load_eval_target(args)
     drafters = load_drafters(specs, target)
     result = run_eval(target, drafters, benchmarks, config)
     meta = {"target": args.target or "tiny", "drafters": specs}
+    claim_outputs(args.out, **claim)
     report = write_eval_report(result, args.out, meta)
     print(f"{'drafter':<16}{'benchmark':<20}{'tau':>7}{'tok/s':>9}{'speedup':>9}")
     for r in result.rows:

@@ -144,3 +144,12 @@ def add_payoff(p: argparse.ArgumentParser) -> None:
         help="with a model drafter: never fall back to n-gram prompt lookup (default: each request "
         "drafts with whichever of the two pays for it now, one per round)",
     )
+
+
+def add_force(p: argparse.ArgumentParser, what: str) -> None:
+    """``--force``: overwrite outputs no marker says this command wrote (:mod:`dspark.output_folders`)."""
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help=f"overwrite {what} (files of other names are never touched)",
+    )

@@ -230,8 +230,8 @@ class FeatureCache:
             raise CacheError(f"no feature cache at {root} (no {MANIFEST}; was the build interrupted?)")
         try:
             manifest = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise CacheError(f"{path}: corrupt manifest ({e.msg})") from None
+        except ValueError as e:  # bad JSON, or an integer too long to convert
+            raise CacheError(f"{path}: corrupt manifest ({str(e).split(';')[0]})") from None
         if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
             raise CacheError(
                 f"{path}: not a {FORMAT} v{VERSION} manifest "

@@ -74,12 +74,14 @@ def model_dims(path: str | Path) -> tuple[int, int]:
     config_path = Path(path) / "config.json"
     if not config_path.is_file():
         raise DsparkError(f"no config.json in {path}")
-    config = json.loads(config_path.read_text())
-    config = config.get("text_config", config)  # multimodal wrappers nest the LM's config
     try:
+        config = json.loads(config_path.read_text())
+        config = config.get("text_config", config)  # multimodal wrappers nest the LM's config
         return int(config["hidden_size"]), int(config["num_hidden_layers"])
     except KeyError as e:
         raise DsparkError(f"{config_path} has no {e.args[0]!r}") from None
+    except (ValueError, TypeError, AttributeError, UnicodeDecodeError) as e:
+        raise DsparkError(f"{config_path}: not a model config ({str(e).split(';')[0]})") from None
 
 
 def format_bytes(n: float) -> str:

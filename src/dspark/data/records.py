@@ -46,6 +46,8 @@ def _decode(raw: bytes) -> tuple[Any, str | None]:
         return None, f"not UTF-8 text (byte {e.start})"
     except json.JSONDecodeError as e:
         return None, f"not valid JSON ({e.msg})"
+    except ValueError as e:  # an integer of more digits than Python converts
+        return None, f"not valid JSON ({str(e).split(';')[0]})"
     if not isinstance(record, dict):
         return None, f"expected a JSON object, got {type(record).__name__}"
     return record, None

@@ -247,8 +247,12 @@ def _verify_checksums(folder: Path) -> None:
         return
     try:
         sums = json.loads(path.read_text())["sha256"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise DrafterLoadError(f"{path}: unreadable export manifest ({e})") from None
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise DrafterLoadError(f"{path}: unreadable export manifest ({str(e).split(';')[0]})") from None
+    # The manifest vouches for the weights, or for nothing: a sha256 table without them (edited
+    # by hand) would let flipped bytes load unverified.
+    if not isinstance(sums, dict) or WEIGHTS_NAME not in sums:
+        raise DrafterLoadError(f"{path}: the export manifest records no sha256 of {WEIGHTS_NAME}")
     for name, expected in sums.items():
         file = folder / name
         if not file.is_file():

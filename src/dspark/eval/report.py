@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +182,21 @@ def _pooled_histograms(result: EvalResult) -> dict[str, dict[str, list[int]]]:
     return hists
 
 
+REPORT_FILES = (
+    "results.json", "report.md", "tau.png", "conditional_acceptance.png", "prefix_survival.png",
+    "tokens_per_round.png",
+)  # fmt: skip
+
+
+def _threshold_plot(drafter: str) -> str:
+    return f"threshold_{drafter}.png".replace("/", "_")
+
+
+def report_files(drafters: Iterable[str]) -> tuple[str, ...]:
+    """Every file :func:`write_eval_report` may write for these drafter labels (what ``--out`` claims)."""
+    return (*REPORT_FILES, *(_threshold_plot(d) for d in drafters))
+
+
 def write_eval_report(result: EvalResult, out: Path, meta: Mapping[str, Any] | None = None) -> Path:
     """Write ``results.json``, the PNG plots and ``report.md`` into ``out``; returns the report path."""
     out = Path(out)
@@ -214,7 +229,7 @@ def write_eval_report(result: EvalResult, out: Path, meta: Mapping[str, Any] | N
         ]
     for drafter in dict.fromkeys(t.drafter for t in result.thresholds):
         sweeps = {t.domain: t.sweep for t in result.thresholds if t.drafter == drafter}
-        name = f"threshold_{drafter}.png".replace("/", "_")
+        name = _threshold_plot(drafter)
         plots.plot_threshold_sweep(sweeps, out / name)
         figures.append((f"Confidence threshold sweep of {drafter} (paper Fig. 5)", name))
 

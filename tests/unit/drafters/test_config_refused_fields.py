@@ -62,3 +62,17 @@ def test_a_5000_digit_integer_is_a_load_error(tmp_path, target):
     (folder / "config.json").write_text(text.replace("{", '{"block_size": ' + "7" * 5000 + ",", 1))
     with pytest.raises(DrafterLoadError, match="digits"):
         load_drafter(folder, target)
+
+
+def test_an_export_manifest_that_does_not_vouch_for_the_weights_is_refused(tmp_path, target):
+    from dspark.drafters.export import export_drafter
+    from tests.unit.training.test_checkpoint_integrity import _flip_byte
+
+    out = export_drafter(load_drafter(SHIPPED, target), target, tmp_path / "ex", fmt="hf")
+    load_drafter(out, target)  # control: an intact export loads
+    manifest = json.loads((out / "dspark_export.json").read_text())
+    del manifest["sha256"]["model.safetensors"]
+    (out / "dspark_export.json").write_text(json.dumps(manifest))
+    _flip_byte(out / "model.safetensors")
+    with pytest.raises(DrafterLoadError, match="no sha256 of model.safetensors"):
+        load_drafter(out, target)
