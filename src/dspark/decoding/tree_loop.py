@@ -86,7 +86,8 @@ def _tree_round(
     Returns the emitted tokens, the accepted drafts and the new features ``[a + 1, L, H]``.
     """
     n = int(trees.sizes[0])
-    trees = TreeBlock(trees.tokens[:, :n], trees.parents[:, :n], trees.sizes, None)
+    probs = None if trees.draft_probs is None else trees.draft_probs[:, :n]  # [1, n, V]
+    trees = TreeBlock(trees.tokens[:, :n], trees.parents[:, :n], trees.sizes, None, probs)
     anchor = torch.tensor([[req.state.token_ids[-1]]])
     ids = torch.cat([anchor, trees.tokens.cpu()], dim=1).to(target.device)  # [1, n + 1]
     start = req.cache.length

@@ -343,7 +343,14 @@ class DFlashDrafter(nn.Module):
         every node's children are the top-k of its depth's own distribution."""
         assert_states(states, max_len, sampling)
         K = min(max_len, self.block_size)
-        self.backbone.prepare(states, sampling)
+        generators = self.backbone.prepare(states, sampling)
         h = self.backbone.block_hidden_infer(states)[:, :K]  # [R, K, H]
         anchors = torch.tensor([s.token_ids[-1] for s in states], device=h.device)  # [R]
-        return SlotScores(base=self.backbone.logits(h), anchors=anchors, draft_ids=self.draft_ids)
+        return SlotScores(
+            base=self.backbone.logits(h),
+            anchors=anchors,
+            draft_ids=self.draft_ids,
+            sampling=sampling,
+            generators=generators,
+            vocab_size=self.dims.vocab_size,
+        )

@@ -190,7 +190,7 @@ class DSparkDrafter(nn.Module):
                 "token trees need the Markov head: the RNN head's bias depends on the whole path"
             )
         K = min(max_len, self.block_size)
-        self.backbone.prepare(states, sampling)
+        generators = self.backbone.prepare(states, sampling)
         h = self.backbone.block_hidden_infer(states)[:, :K]  # [R, K, H]
         anchors = torch.tensor([s.token_ids[-1] for s in states], device=h.device)  # [R]
         head = self.markov_head
@@ -210,6 +210,9 @@ class DSparkDrafter(nn.Module):
             bias=bias if head is not None else None,
             confidence=confidence if self.confidence_head is not None else None,
             draft_ids=self.draft_ids,
+            sampling=sampling,
+            generators=generators,
+            vocab_size=self.dims.vocab_size,
         )
 
     def _greedy_loop(self, h: Tensor, base: Tensor, prev: Tensor) -> tuple[Tensor, Tensor | None]:

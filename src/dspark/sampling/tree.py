@@ -6,26 +6,30 @@ in one forward (each node sees the context and its ancestors, :func:`ancestor_ma
 which gives at each node ``n`` the target distribution ``p_t(· | path to n)`` of the
 token after it. Verification walks down from the root:
 
-- at the current node, its children are tried **in order** as one-hot drafts against
-  the current residual ``q`` (``q = p_t`` at first): child ``x`` is accepted with
-  probability ``q(x)`` (a one-hot draft's ``min(1, q(x) / 1)``); if it is rejected,
-  ``x`` is removed from ``q`` and ``q`` renormalised (:func:`one_hot_residual`);
+- at the current node, its children are tried **in order** against the current
+  residual ``q`` (``q = p_t`` at first). A *sampled* first child ``x ~ p_d`` (the
+  chain's draft, at T > 0) is the chain's test: accepted with probability
+  ``min(1, q(x) / p_d(x))``, else ``q = norm(max(0, q - p_d))``. Every other child is a
+  one-hot draft: accepted with probability ``q(x)``; if rejected, ``x`` is removed from
+  ``q`` and ``q`` renormalised (:func:`one_hot_residual`);
 - an accepted child becomes the current node and the walk goes on from it;
 - when every child was rejected (or the node has none) the round emits one token drawn
   from ``q``: the **recovered** token after a rejection, the **bonus** token at a leaf.
 
-Why this is lossless: with children ``x_1..x_m`` tried in order, ``x_i`` is emitted
-with probability ``Π_{j<i} (1 - q_{j-1}(x_j)) · q_{i-1}(x_i) = p_t(x_i)`` (each removal
-renormalises by exactly the mass that was rejected), and any other token ``y`` with
-``(1 - Σ_i p_t(x_i)) · p_t(y) / (1 - Σ_i p_t(x_i)) = p_t(y)``. So the emitted token at
-every node is distributed as the target's, at any temperature, for any tree fixed
-before the target is consulted (drafts that are deterministic functions of the
-drafter's state, such as top-k children, satisfy that whatever budget chose them).
-Greedy requests accept the child equal to the target's argmax, then emit the argmax.
+Why this is lossless: with one-hot children ``x_1..x_m`` tried in order against ``q``,
+``x_i`` is emitted with probability ``Π_{j<i} (1 - q_{j-1}(x_j)) · q_{i-1}(x_i) = q(x_i)``
+(each removal renormalises by exactly the mass that was rejected), and any other token
+``y`` with ``(1 - Σ_i q(x_i)) · q(y) / (1 - Σ_i q(x_i)) = q(y)``: the node emits a token
+distributed as ``q``. With ``q = p_t`` that is the target; after a rejected sampled
+child, ``q`` is the chain's residual, and the chain's argument (DESIGN §3) gives ``p_t``
+again. This holds at any temperature for a tree fixed before the target is consulted,
+provided whether a sampled child is verified does not depend on its own token (the
+budget's ranking, ``scheduler/tree_budget.py``, reads nothing of it). Greedy requests
+accept the child equal to the target's argmax, then emit the argmax.
 
-A chain of K drafts is the tree whose node ``i`` has parent ``i - 1``; with one-hot drafts
-:func:`verify_tree` then returns exactly what :func:`dspark.sampling.rejection.verify`
-returns, sample for sample: node ``i`` is tested with uniform ``i`` and the next token
+A chain of K drafts is the tree whose node ``i`` has parent ``i - 1``; :func:`verify_tree`
+then returns exactly what :func:`dspark.sampling.rejection.verify` returns, sample for
+sample, for sampled and for one-hot drafts: node ``i`` is tested with uniform ``i`` and the next token
 uses uniform ``N_r`` (of ``N_r + 1`` drawn per request, as the chain draws ``ℓ + 1``).
 """
 
@@ -37,7 +41,14 @@ import torch
 from torch import Tensor
 
 from dspark.sampling.argmax import greedy_tokens
-from dspark.sampling.rejection import Generators, draw_uniforms, one_hot_residual, sample_inverse_cdf
+from dspark.sampling.rejection import (
+    Generators,
+    accept_test,
+    draw_uniforms,
+    one_hot_residual,
+    residual_distribution,
+    sample_inverse_cdf,
+)
 
 ROOT = -1  # the parent index of a child of the anchor
 
@@ -55,12 +66,16 @@ class TreeBlock:
     parents: Tensor  # [R, N] long, ROOT or a smaller node index
     sizes: Tensor  # [R] long, 0 <= sizes[r] <= N
     confidences: Tensor | None = None  # [R, N] predicted P(node accepted | parent reached)
+    # [R, N, V] the distribution a *sampled* node was drawn from (a first child only);
+    # None: every node is one-hot. Rows of one-hot nodes are all zero.
+    draft_probs: Tensor | None = None
 
     def __post_init__(self) -> None:
         R, N = self.tokens.shape
         assert self.parents.shape == (R, N), f"parents {tuple(self.parents.shape)} != {(R, N)}"
         assert self.sizes.shape == (R,), f"sizes {tuple(self.sizes.shape)} != ({R},)"
         assert self.confidences is None or self.confidences.shape == (R, N)
+        assert self.draft_probs is None or self.draft_probs.shape[:2] == (R, N)
         valid = self.valid()  # [R, N]
         index = torch.arange(N, device=self.parents.device)
         ok = (self.parents >= ROOT) & (self.parents < index)  # [R, N]
@@ -69,6 +84,12 @@ class TreeBlock:
     @property
     def num_nodes(self) -> int:
         return self.tokens.shape[1]
+
+    def sampled(self) -> Tensor:
+        """``[R, N]`` bool: nodes drawn from a distribution (``draft_probs``), not one-hot."""
+        if self.draft_probs is None:
+            return torch.zeros_like(self.valid())
+        return (self.draft_probs.sum(-1) > 0) & self.valid()
 
     def valid(self) -> Tensor:
         """``[R, N]`` bool: the real nodes."""
@@ -131,17 +152,27 @@ class TreeBlock:
         parents = self.parents.gather(1, order)
         parents = torch.where(parents >= 0, new_index.gather(1, parents.clamp_min(0)), ROOT)
         conf = None if self.confidences is None else self.confidences.gather(1, order)
-        out = TreeBlock(tokens, parents, sizes, conf)
-        return TreeBlock(
-            torch.where(out.valid(), tokens, 0), torch.where(out.valid(), parents, ROOT), sizes, conf
-        )
+        probs = None
+        if self.draft_probs is not None:
+            probs = self.draft_probs.gather(1, order.unsqueeze(-1).expand(R, M, self.draft_probs.shape[-1]))
+        valid = torch.arange(M, device=keep.device) < sizes.unsqueeze(-1)  # [R, M]
+        if probs is not None:
+            probs = probs * valid.unsqueeze(-1)
+        return TreeBlock(torch.where(valid, tokens, 0), torch.where(valid, parents, ROOT), sizes, conf, probs)
 
     @classmethod
-    def chain(cls, tokens: Tensor, lengths: Tensor, confidences: Tensor | None = None) -> TreeBlock:
-        """Chains ``tokens [R, K]`` of ``lengths [R]`` as trees: node i's parent is i - 1."""
+    def chain(
+        cls,
+        tokens: Tensor,
+        lengths: Tensor,
+        confidences: Tensor | None = None,
+        draft_probs: Tensor | None = None,
+    ) -> TreeBlock:
+        """Chains ``tokens [R, K]`` of ``lengths [R]`` as trees: node i's parent is i - 1;
+        ``draft_probs [R, K, V]`` when the drafts were sampled (None: one-hot)."""
         R, K = tokens.shape
         parents = (torch.arange(K, device=tokens.device) - 1).expand(R, K).clone()
-        return cls(tokens, parents, lengths.clone(), confidences)
+        return cls(tokens, parents, lengths.clone(), confidences, draft_probs)
 
 
 @dataclass(frozen=True)
@@ -168,7 +199,7 @@ def verify_tree(
     greedy: Tensor | None = None,
     generators: Generators = None,
 ) -> TreeVerifyOutput:
-    """Verify R token trees of one-hot drafts against the target (module docstring).
+    """Verify R token trees against the target (module docstring).
 
     Args:
         tree: the drafts; node i of request r is row ``1 + i`` of its target distributions.
@@ -186,6 +217,7 @@ def verify_tree(
     rows = torch.arange(R, device=device)
     children = tree.children()  # [R, N + 1, W]
     choice = greedy_tokens(target_probs)  # [R, N + 1]: the greedy rule's target token per row
+    sampled = tree.sampled() & ~greedy.unsqueeze(-1)  # [R, N]
     if bool(greedy.all()):  # no uniforms drawn, as rejection.verify_greedy
         u_accept = torch.zeros(R, N, dtype=torch.float64, device=device)
         u_next = torch.zeros(R, dtype=torch.float64, device=device)
@@ -206,10 +238,19 @@ def verify_tree(
             c = child.clamp_min(0)
             x = tree.tokens[rows, c].unsqueeze(-1)  # [R, 1]
             q_x = q.gather(-1, x).squeeze(-1).double()  # [R]
-            accept = torch.where(greedy, x.squeeze(-1) == choice[rows, at], u_accept[rows, c] < q_x)
+            drawn = sampled[rows, c] & trying  # [R]: tested as the chain tests a sampled draft
+            p_d = tree.draft_probs[rows, c].float() if bool(drawn.any()) else None  # [R, V]
+            p_d_x = p_d.gather(-1, x).squeeze(-1).double() if p_d is not None else torch.ones_like(q_x)
+            p_d_x = torch.where(drawn, p_d_x, 1.0)  # one-hot: p_d(x) = 1
+            accept = torch.where(
+                greedy, x.squeeze(-1) == choice[rows, at], accept_test(q_x, p_d_x, u_accept[rows, c])
+            )
             accept = accept & trying
             rejected = trying & ~accept & ~greedy
-            q = torch.where(rejected.unsqueeze(-1), one_hot_residual(q, x), q)  # remove x, renormalise
+            residual = one_hot_residual(q, x)  # remove x, renormalise
+            if p_d is not None:  # a rejected sampled child leaves the chain's residual norm(max(0, q - p_d))
+                residual = torch.where(drawn.unsqueeze(-1), residual_distribution(q, p_d), residual)
+            q = torch.where(rejected.unsqueeze(-1), residual, q)
             moved |= accept
             at = torch.where(accept, c + 1, at)
             for r in accept.nonzero().flatten().tolist():

@@ -82,19 +82,17 @@ def test_greedy_tree_decoding_equals_plain_decoding(tiny, prompts, plain, method
 
 
 @pytest.mark.parametrize("method", ["dspark", "dflash"])
-def test_the_k1_tree_loop_is_the_chain_loop(tiny, prompts, method):
-    """Greedy, widths 1: the same tokens and the same accepted drafts round by round."""
+@pytest.mark.parametrize(
+    "params", [GREEDY, SamplingParams(temperature=1.0, seed=5, max_tokens=32)], ids=["greedy", "T1"]
+)
+def test_the_k1_tree_loop_is_the_chain_loop(tiny, prompts, method, params):
+    """Widths 1: the same tokens and the same accepted drafts round by round, greedy and
+    sampled (the tree's first child is drawn as the chain draws its draft)."""
     drafter = drafter_for(tiny, method)
+    k1 = TreeConfig(widths=(1,), frontier=1)
     for ids in prompts:
-        chain = speculative_generate(tiny, drafter, ids, GREEDY, block_size=drafter.block_size)
-        tree = tree_generate(
-            tiny,
-            drafter,
-            ids,
-            GREEDY,
-            config=TreeConfig(widths=(1,), frontier=1),
-            block_size=drafter.block_size,
-        )
+        chain = speculative_generate(tiny, drafter, ids, params, block_size=drafter.block_size)
+        tree = tree_generate(tiny, drafter, ids, params, config=k1, block_size=drafter.block_size)
         assert tree.token_ids == chain.token_ids
         assert [(r.proposed, r.accepted) for r in tree.rounds] == [
             (r.proposed, r.accepted) for r in chain.rounds

@@ -29,6 +29,28 @@ def test_the_k1_tree_is_the_greedy_chain(target, name):
         torch.testing.assert_close(trees.confidences.float(), chain.confidences, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("name", ["dspark_markov", "dflash"])
+def test_the_sampled_k1_tree_is_the_sampled_chain(target, name):
+    """T = 1: the first child is drawn as the chain draws its draft, with the same p_d."""
+    params = [SamplingParams(temperature=1.0, seed=4)]
+    chain = build(name, target).propose([make_state(target, prompt(9))], BLOCK, params)
+    trees = build_trees(build(name, target).tree_slots([make_state(target, prompt(9))], BLOCK, params), CHAIN)
+    assert torch.equal(trees.tokens, chain.tokens)
+    torch.testing.assert_close(trees.draft_probs, chain.probs)
+    assert bool(trees.sampled().all())
+
+
+def test_sampled_trees_are_grown_in_full_with_one_sampled_child_a_node(target):
+    drafter = build("dspark_markov", target)
+    params = [SamplingParams(temperature=1.0, seed=4)]
+    slots = drafter.tree_slots([make_state(target, prompt(9))], BLOCK, params)
+    trees = build_trees(slots, TreeConfig(widths=(3, 2), frontier=2))
+    assert trees.sizes.tolist() == [3 + 6 + 12 + 24]  # the frontier is ignored
+    sampled, kids = trees.sampled()[0], trees.children()[0]  # [N], [N + 1, W]
+    first, others = kids[:, 0], kids[:, 1:]
+    assert bool(sampled[first[first >= 0]].all()) and not bool(sampled[others[others >= 0]].any())
+
+
 def test_dspark_children_follow_their_parents_markov_bias(target):
     drafter = build("dspark_markov", target)
     state = make_state(target, prompt(9))

@@ -74,6 +74,24 @@ def test_a_chain_tree_is_verified_exactly_as_the_chain(greedy):
     assert 0 < int(chain.num_accepted.sum()) < int(lengths.sum())
 
 
+def test_a_sampled_chain_tree_is_verified_exactly_as_the_chain():
+    """T = 1 with drafts sampled from ``p_d``: the tree's ratio test and residual are the chain's."""
+    R, K, V = 400, 5, 16
+    g = torch.Generator().manual_seed(1)
+    p_t = torch.softmax(2 * torch.randn(R, K + 1, V, generator=g), dim=-1)
+    p_d = torch.softmax(torch.log(p_t[:, :K]) + torch.randn(R, K, V, generator=g), dim=-1)
+    drafts = torch.multinomial(p_d.reshape(-1, V), 1, generator=g).view(R, K)  # [R, K]
+    lengths = torch.randint(0, K + 1, (R,), generator=g)
+    chain = verify(drafts, lengths, p_d, p_t, generators=[torch.Generator().manual_seed(r) for r in range(R)])
+    out = verify_tree(
+        TreeBlock.chain(drafts, lengths, draft_probs=p_d),
+        p_t,
+        generators=[torch.Generator().manual_seed(r) for r in range(R)],
+    )
+    assert torch.equal(out.num_accepted, chain.num_accepted)
+    assert torch.equal(out.next_tokens, chain.next_tokens)
+
+
 # -- the Markov toy ---------------------------------------------------------------------
 
 
@@ -99,20 +117,28 @@ def toy_tree(D: torch.Tensor, prev: int, widths: tuple[int, ...]) -> tuple[list[
     return tokens, parents
 
 
-def generate(T, D, widths, start: int, R: int, n: int, seed: int, verify_fn=verify_tree) -> torch.Tensor:
-    """``[R, n]``: the first n tokens each of R requests generates from ``start``, round by round."""
-    V = T.shape[0]
-    table = [toy_tree(D, prev, widths) for prev in range(V)]  # one tree per previous token
+def fixed_trees(D, widths):
+    """Grow one-hot top-k trees: one per previous token, looked up per request."""
+    table = [toy_tree(D, prev, widths) for prev in range(D.shape[0])]
     tok_table = torch.tensor([t for t, _ in table])  # [V, N]
     par_table = torch.tensor([p for _, p in table])  # [V, N]
-    N = tok_table.shape[1]
+
+    def grow(prev: torch.Tensor, g) -> TreeBlock:
+        return TreeBlock(tok_table[prev], par_table[prev], torch.full(prev.shape, tok_table.shape[1]))
+
+    return grow
+
+
+def generate(T, grow, start: int, R: int, n: int, seed: int, verify_fn=verify_tree) -> torch.Tensor:
+    """``[R, n]``: the first n tokens each of R requests generates from ``start``, round by round;
+    ``grow(prev [r], g)`` makes the round's trees under each request's last token."""
     out = [[] for _ in range(R)]
     last = torch.full((R,), start)
     g = torch.Generator().manual_seed(seed)
     todo = torch.arange(R)
     while todo.numel():
         prev = last[todo]
-        trees = TreeBlock(tok_table[prev], par_table[prev], torch.full((todo.numel(),), N))
+        trees = grow(prev, g)
         rows = torch.cat([prev.unsqueeze(1), trees.tokens], dim=1)  # [r, N + 1] token before each row
         res = verify_fn(trees, T[rows], generators=g)
         for i, r in enumerate(todo.tolist()):
@@ -120,6 +146,33 @@ def generate(T, D, widths, start: int, R: int, n: int, seed: int, verify_fn=veri
             last[r] = out[r][-1]
         todo = torch.tensor([r for r in todo.tolist() if len(out[r]) < n], dtype=torch.long)
     return torch.tensor([o[:n] for o in out])
+
+
+def sampled_trees(D, widths):
+    return lambda prev, g: _sampled_trees(D, prev, widths, g)
+
+
+def _sampled_trees(D, prev: torch.Tensor, widths, g) -> TreeBlock:
+    """Per request: at every node a first child drawn from ``D[node]``, then its top siblings."""
+    R, V = prev.shape[0], D.shape[0]
+    tokens, parents, probs = [], [], []
+    frontier, where, count = prev.view(R, 1), torch.full((R, 1), ROOT), 0
+    for k in widths:
+        n = frontier.shape[1]
+        p = D[frontier]  # [R, n, V]
+        first = torch.multinomial(p.reshape(-1, V), 1, generator=g).view(R, n, 1)
+        others = p.scatter(-1, first, -1.0).topk(k - 1, dim=-1).indices  # [R, n, k - 1]
+        kids = torch.cat([first, others], dim=-1)  # [R, n, k]
+        rows = torch.zeros(R, n, k, V)
+        rows[:, :, 0] = p  # only the first child was sampled
+        tokens.append(kids.reshape(R, n * k))
+        parents.append(where.unsqueeze(-1).expand(R, n, k).reshape(R, n * k))
+        probs.append(rows.reshape(R, n * k, V))
+        frontier, where = kids.reshape(R, n * k), count + torch.arange(n * k).expand(R, n * k)
+        count += n * k
+    return TreeBlock(
+        torch.cat(tokens, 1), torch.cat(parents, 1), torch.full((R,), count), None, torch.cat(probs, 1)
+    )
 
 
 def joint_pvalue(chi2_pvalue, T, start, seqs) -> float:
@@ -132,7 +185,7 @@ def joint_pvalue(chi2_pvalue, T, start, seqs) -> float:
 @cache
 def toy_run(widths: tuple[int, ...]):
     T, D = toy_tables(8, seed=21)
-    return T, generate(T, D, widths, start=0, R=N_REQUESTS, n=3, seed=5)
+    return T, generate(T, fixed_trees(D, widths), start=0, R=N_REQUESTS, n=3, seed=5)
 
 
 @pytest.mark.parametrize("widths", [(3, 2, 1), (1, 1, 1, 1), (4,)])
@@ -153,8 +206,20 @@ def test_negative_controls_are_rejected(chi2_pvalue, monkeypatch, bug):
         def verify_fn(trees, probs, **kw):
             return verify_tree(trees, probs[:, :1].expand_as(probs), **kw)
 
-    seqs = generate(T, D, (3, 2, 1), start=0, R=N_REQUESTS, n=3, seed=6, verify_fn=verify_fn)
+    seqs = generate(T, fixed_trees(D, (3, 2, 1)), start=0, R=N_REQUESTS, n=3, seed=6, verify_fn=verify_fn)
     assert joint_pvalue(chi2_pvalue, T, 0, seqs) < 1e-6
+
+
+@pytest.mark.parametrize("bug", [None, "sampled_residual_not_updated", "ratio_test_without_p_d"])
+def test_sampled_first_children_follow_the_target(chi2_pvalue, monkeypatch, bug):
+    T, D = toy_tables(8, seed=21)
+    if bug == "sampled_residual_not_updated":  # q left at p_t after a sampled child is rejected
+        monkeypatch.setattr(tree, "residual_distribution", lambda q, p_d: q)
+    elif bug == "ratio_test_without_p_d":  # accepted with q(x), yet the residual subtracts p_d
+        monkeypatch.setattr(tree, "accept_test", lambda q_x, p_d_x, u: u < q_x)
+    seqs = generate(T, sampled_trees(D, (3, 2, 1)), start=0, R=N_REQUESTS, n=3, seed=8)
+    pvalue = joint_pvalue(chi2_pvalue, T, 0, seqs)
+    assert pvalue < 1e-6 if bug else pvalue > ALPHA
 
 
 def test_greedy_follows_the_target_argmax_path():
