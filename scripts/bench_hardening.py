@@ -66,7 +66,7 @@ def start_server(drafter: str = "none", log: list[str] | None = None) -> tuple[s
 
 def _poll_health(url: str, stop, out) -> None:
     """Poll ``url``/health every 10 ms until ``stop`` is set; put the figures on ``out``."""
-    worst, polls, not_ok, errors = 0.0, 0, {}, 0
+    seconds, not_ok, errors = [], {}, 0
     with httpx.Client(timeout=120) as c:
         while not stop.is_set():
             t = time.perf_counter()
@@ -74,11 +74,14 @@ def _poll_health(url: str, stop, out) -> None:
                 status = c.get(f"{url}/health").status_code
             except httpx.TransportError:
                 errors, status = errors + 1, None
-            worst, polls = max(worst, time.perf_counter() - t), polls + 1
+            seconds.append(time.perf_counter() - t)
             if status != 200:
                 not_ok[status] = not_ok.get(status, 0) + 1
             time.sleep(0.01)
-    out.put((worst, polls, not_ok, errors))
+    seconds.sort()
+    quantile = lambda q: seconds[min(int(q * len(seconds)), len(seconds) - 1)] if seconds else 0.0  # noqa: E731
+    out.put({"worst": quantile(1.0), "p99": quantile(0.99), "p50": quantile(0.5), "polls": len(seconds),
+             "not_ok": not_ok, "errors": errors})  # fmt: skip
 
 
 class HealthPoller:
@@ -90,7 +93,7 @@ class HealthPoller:
     """
 
     def __init__(self, url: str, *, process: bool = False) -> None:
-        self.url, self.worst, self.polls, self.not_ok, self.errors = url, 0.0, 0, {}, 0
+        self.url, self.figures = url, {}
         if process:
             ctx = multiprocessing.get_context("spawn")
             self._stop, self._out = ctx.Event(), ctx.Queue()
@@ -109,8 +112,12 @@ class HealthPoller:
     def __exit__(self, *exc) -> None:
         time.sleep(0.2)
         self._stop.set()
-        self.worst, self.polls, self.not_ok, self.errors = self._out.get(timeout=180)
+        self.figures = self._out.get(timeout=180)  # worst, p99, p50 (s), polls, not_ok {status: n}, errors
         self._poller.join()
+
+    @property
+    def worst(self) -> float:
+        return self.figures["worst"]
 
 
 def worst_health_latency(url: str, request=None, idle_s: float = 2.0) -> tuple[float, object]:

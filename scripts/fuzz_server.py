@@ -16,8 +16,8 @@ requests share engine steps with a healthy one) and ``/health`` is polled every 
 
 Counted per drafter: requests by status, every 5xx with its message, engine deaths (a
 ``/health`` that is not 200, ``dspark_engine_alive`` 0 at the end, or the process gone),
-the worst ``/health`` latency against the same server idle and under the background
-chats alone (10 s, the control), the background chats that did not end in ``[DONE]``
+``/health`` latency (median, 99th percentile, worst) against the same server idle and
+under the background chats alone (10 s, the control), the background chats that did not end in ``[DONE]``
 without an error event, and the server's own ``dspark_requests_total`` by status. The
 poller runs in a process of its own, so the fuzzing client's delays are not in its figure.
 
@@ -252,7 +252,7 @@ def fuzz_drafter(drafter: str, examples: int, seconds: float) -> dict:
             run_edges(url, context, tally)
         server_statuses, alive = _metrics(url)
         final = httpx.get(f"{url}/health", timeout=30).status_code
-        dead = bool(health.not_ok) or final != 200 or alive != 1.0 or proc.poll() is not None
+        dead = bool(health.figures["not_ok"]) or final != 200 or alive != 1.0 or proc.poll() is not None
         return {
             "drafter": drafter,
             "requests": sum(tally.statuses.values()),
@@ -260,11 +260,13 @@ def fuzz_drafter(drafter: str, examples: int, seconds: float) -> dict:
             "5xx": len(tally.server_errors),
             "5xx_examples": tally.server_errors[:5],
             "engine_deaths": int(dead),
-            "health_polls": health.polls,
-            "health_not_200": {str(k): v for k, v in health.not_ok.items()},
-            "health_worst_idle_s": round(idle.worst, 4),
-            "health_worst_ordinary_s": round(ordinary.worst, 4),
-            "health_worst_s": round(health.worst, 4),
+            "health_polls": health.figures["polls"],
+            "health_not_200": {str(k): v for k, v in health.figures["not_ok"].items()},
+            **{
+                f"health_{name}_{q}_s": round(poller.figures[q], 4)
+                for name, poller in (("idle", idle), ("ordinary", ordinary), ("fuzz", health))
+                for q in ("p50", "p99", "worst")
+            },
             "background_chats_ok": background.ok,
             "background_chats_failed": len(background.failed),
             "background_failures": background.failed[:3],
@@ -288,8 +290,9 @@ def main() -> None:
     for drafter in args.drafters.split(","):
         results.append(fuzz_drafter(drafter, args.examples, args.seconds))
         print(json.dumps(results[-1]), flush=True)
-    keys = ("drafter", "requests", "5xx", "engine_deaths", "health_worst_idle_s", "health_worst_ordinary_s",
-            "health_worst_s", "background_chats_ok", "background_chats_failed", "seconds")  # fmt: skip
+    keys = ("drafter", "requests", "5xx", "engine_deaths", "health_idle_worst_s", "health_ordinary_p99_s",
+            "health_ordinary_worst_s", "health_fuzz_p99_s", "health_fuzz_worst_s", "background_chats_ok",
+            "background_chats_failed", "seconds")  # fmt: skip
     print("| " + " | ".join(keys) + " | statuses |")
     print("|" + "---|" * (len(keys) + 1))
     for r in results:
