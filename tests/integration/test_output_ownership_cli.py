@@ -166,3 +166,51 @@ def test_eval_out_does_not_overwrite_a_users_report(tmp_path, capsys):
     assert sorted(p.name for p in report.iterdir()) == ["report.md"]
     assert _run(capsys, *argv, "--force")[0] == 0
     assert _run(capsys, *argv)[0] == 0  # control: eval's own report now
+
+
+@pytest.mark.parametrize(
+    "argv,name",
+    [(["quickstart", "--fast"], "report.md"), (["campaign", "--target", "tiny"], "summary.json")],
+)
+def test_pipelines_refuse_a_users_files_under_their_names(tmp_path, capsys, argv, name):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).write_text("mine")
+    _refused(*_run(capsys, *argv, "--out", out, "--no-progress"), name)
+    assert sorted(p.name for p in out.iterdir()) == [name]
+
+
+def test_a_pipeline_folder_from_before_claims_is_adopted_by_its_stage_records(tmp_path):
+    from dspark.output_folders import OutputFolderError, read_claims
+    from dspark.quickstart.stages import claim_run_folder
+
+    out = tmp_path / "out"
+    (out / "stages").mkdir(parents=True)
+    (out / "report.md").write_text("written by an earlier quickstart")
+    with pytest.raises(OutputFolderError):  # control: without its stage records it is the user's
+        claim_run_folder(out, ("report.md", "stages"), command="quickstart")
+    (out / "stages" / "regenerate.json").write_text('{"key": {}, "summary": {}}')
+    claim_run_folder(out, ("report.md", "stages"), command="quickstart")
+    assert read_claims(out)[0].command == "quickstart"
+
+
+@pytest.mark.parametrize(
+    "argv,name",
+    [
+        (["bench", "serve", "--concurrency", "1"], "results.json"),
+        (["sweep", "depth", "--layers", "1", "--steps", "1"], "report.md"),
+    ],
+)
+def test_benches_and_sweeps_refuse_a_users_files_before_running(tmp_path, capsys, argv, name):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).write_text("mine")
+    _refused(*_run(capsys, *argv, "--out", out), name)
+    assert sorted(p.name for p in out.iterdir()) == [name]
+
+
+def test_profile_out_refuses_a_users_file(tmp_path, capsys):
+    table = tmp_path / "sps.json"
+    table.write_text("mine")
+    _refused(*_run(capsys, "profile", "--max-batch", "1", "--repeats", "1", "--out", table), "sps.json")
+    assert table.read_text() == "mine"

@@ -33,8 +33,20 @@ from dspark.campaign.progress import plot_learning_curves
 from dspark.campaign.sweeps import run_sweep
 from dspark.drafters.folder import file_sha256
 from dspark.errors import DsparkError
-from dspark.quickstart.stages import Stages
+from dspark.quickstart.stages import Stages, claim_run_folder
 
+# The layout's top-level names (module docstring, and `--sweeps`'): what the campaign folder claims.
+OUTPUTS = (
+    "data",
+    "cache",
+    "train",
+    "drafters",
+    "eval",
+    "sweeps",
+    "stages",
+    "summary.json",
+    "learning_curves.png",
+)
 TAU = "eval/val_expected_tau"  # what the stop rule watches: expected τ on fixed samples (see TrainingEval)
 VALIDATION_SAMPLES = 64
 REAL_TAU_EVERY = 5  # evaluations; real τ (decoding) is the costly part
@@ -416,10 +428,13 @@ def run_campaign(
     sweeps: tuple[str, ...] = (),
     progress: bool = True,
     announce: Callable[[str], None] = print,
+    force: bool = False,
 ) -> dict[str, Any]:
-    """Run (or resume) every stage; returns the summaries and writes ``out/summary.json``."""
+    """Run (or resume) every stage; returns the summaries and writes ``out/summary.json``.
+
+    ``force`` takes over the layout's names in ``out`` that no campaign claimed."""
     started = time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
+    claim_run_folder(out, OUTPUTS, command="campaign", force=force)
     campaign = Campaign(plan, out, progress=progress, announce=announce)
     data = campaign.regenerate()
     cache = campaign.cache(data)

@@ -11,7 +11,7 @@ import json
 import sys
 
 from dspark.commands.argtypes import int_list, positive_int
-from dspark.commands.options import add_block_size, add_drafter, add_dtype, add_payoff, add_target
+from dspark.commands.options import add_block_size, add_drafter, add_dtype, add_force, add_payoff, add_target
 
 
 def add_bench_serve_args(p: argparse.ArgumentParser) -> None:
@@ -50,6 +50,10 @@ def add_bench_serve_args(p: argparse.ArgumentParser) -> None:
     )
     add_payoff(p)
     p.add_argument("--out", default="runs/bench_serve", help="folder for results.json and the plot")
+    add_force(p, "results.json or the plot in --out when no `dspark bench serve` wrote them")
+
+
+_OUTPUTS = ("results.json", "throughput_vs_per_user.png")
 
 
 def main_bench_serve(args: argparse.Namespace) -> int:
@@ -61,8 +65,11 @@ def main_bench_serve(args: argparse.Namespace) -> int:
     from dspark.commands.loading import load_inference_target
     from dspark.data.prompts import load_prompts
     from dspark.drafters.registry import build_drafter
+    from dspark.output_folders import claim_outputs
     from dspark.server.load import bench_serve, plot_load
 
+    claim = dict(names=_OUTPUTS, command="bench serve", force=args.force)
+    claim_outputs(Path(args.out), **claim, write=False)  # before the (long) benchmark
     concurrencies = sorted(set(args.concurrency))
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     sets = [[p.turns[0] for p in load_prompts(spec.strip(), args.limit)] for spec in args.prompts.split(",")]
@@ -97,7 +104,7 @@ def main_bench_serve(args: argparse.Namespace) -> int:
         progress=show,
     )
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    claim_outputs(out, **claim)
     settings = {k: v for k, v in vars(args).items() if not k.startswith("_")}
     conditions = conditions.ended()
     if conditions.warning():

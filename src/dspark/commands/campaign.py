@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from dspark.commands.options import add_no_progress
+from dspark.commands.options import add_force, add_no_progress
 from dspark.errors import DsparkError
 
 
@@ -61,6 +61,9 @@ def add_campaign_args(p: argparse.ArgumentParser) -> None:
         "--status", action="store_true", help="print where the campaign in --out stands (runs nothing)"
     )
     add_no_progress(p, help="no progress bars (stage lines still print)")
+    add_force(
+        p, "what --out holds under the campaign's names (data/, train/, eval/, ...) when no campaign wrote it"
+    )
 
 
 def main_campaign(args: argparse.Namespace) -> int:
@@ -122,6 +125,7 @@ def main_campaign(args: argparse.Namespace) -> int:
         sweeps=sweeps,
         progress=not args.no_progress,
         announce=lambda line: print(line, file=sys.stderr, flush=True),
+        force=args.force,
     )
     trained = {
         m: {k: t[k] for k in ("steps", "epochs", "expected_tau")} for m, t in summary["trained"].items()

@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from dspark.commands.options import add_block_size, add_dtype, add_target
+from dspark.commands.options import add_block_size, add_dtype, add_force, add_target
 
 
 def add_profile_args(p: argparse.ArgumentParser) -> None:
@@ -22,6 +22,7 @@ def add_profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seq-len", type=int, default=None, help="tokens per KV slot (default: the engine's)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per batch size (the fastest counts)")
     p.add_argument("--out", type=Path, default=None, help="where to save (default: the engine's cache path)")
+    add_force(p, "an --out file that no `dspark profile` wrote")
 
 
 def main_profile(args: argparse.Namespace) -> int:
@@ -33,13 +34,20 @@ def main_profile(args: argparse.Namespace) -> int:
     from dspark.commands.loading import load_inference_target
     from dspark.engine.config import DEFAULT_MAX_SEQ_LEN
     from dspark.engine.profile import default_profile_path, profile_sps
+    from dspark.output_folders import claim_outputs
     from dspark.targets.flat import KVStore
 
+    def claim(write: bool) -> None:  # a file the user names; the default cache path is dspark's own
+        if args.out is not None:
+            claim_outputs(args.out.parent, [args.out.name], command="profile", force=args.force, write=write)
+
+    claim(write=False)
     target = load_inference_target(args.target, args.dtype)
     capacity = min(args.max_seq_len or DEFAULT_MAX_SEQ_LEN, target.max_context)
     store = KVStore.for_target(target, num_slots=args.max_batch, capacity=capacity)
     table = profile_sps(target, store, block_size=args.block_size, repeats=args.repeats)
     path = args.out or default_profile_path(table.meta)
+    claim(write=True)
     table.save(path)
     rows = [
         {"B": b, "steps_per_s": round(s, 2), "tokens_per_s": round(b * s, 1)}

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from dspark.commands.options import add_dtype, add_no_progress
+from dspark.commands.options import add_dtype, add_force, add_no_progress
 
 
 def add_quickstart_args(p: argparse.ArgumentParser) -> None:
@@ -33,6 +33,10 @@ def add_quickstart_args(p: argparse.ArgumentParser) -> None:
     )
     add_dtype(p)
     add_no_progress(p, help="no progress bars (stage lines still print)")
+    add_force(
+        p,
+        "what --out holds under the run's names (data/, train/, report.md, ...) when no quickstart wrote it",
+    )
 
 
 def main_quickstart(args: argparse.Namespace) -> int:
@@ -62,6 +66,7 @@ def main_quickstart(args: argparse.Namespace) -> int:
         announce=lambda line: print(line, file=sys.stderr, flush=True),
         dtype=args.dtype,
         shipped_root=args.shipped,
+        force=args.force,
     )
     for line in headline_lines(json.loads((report.parent / "summary.json").read_text())):
         print(line)

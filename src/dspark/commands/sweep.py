@@ -20,6 +20,7 @@ from dspark.commands.eval import (
     setup_threads,
 )
 from dspark.commands.loading import TINY_CORPUS, training_records
+from dspark.commands.options import add_force
 from dspark.errors import DsparkError
 
 
@@ -41,6 +42,9 @@ def _add_sweep_common(p: argparse.ArgumentParser) -> None:
     add_target_args(p, dtype=False)  # it trains: the trainer's dtype
     p.add_argument(
         "--out", type=Path, required=True, help="folder: runs/, eval/, sweep.json, the plot, report.md"
+    )
+    add_force(
+        p, "what --out holds under a sweep's names (runs/, eval/, report.md, ...) when no sweep wrote it"
     )
 
 
@@ -69,9 +73,11 @@ def add_sweep_depth_args(p: argparse.ArgumentParser) -> None:
 
 def _run_sweep_command(args: argparse.Namespace, kind: str, variants_of) -> int:
     from dspark.data.samples import tokenize_records
-    from dspark.eval.sweeps import SweepTraining, run_sweep, write_sweep_report
+    from dspark.eval.sweeps import OUTPUTS, SweepTraining, run_sweep, write_sweep_report
+    from dspark.output_folders import claim_outputs
 
     setup_threads(args)
+    claim_outputs(args.out, OUTPUTS, command="sweep", force=args.force, write=False)
     config = eval_config(args, baseline=False)
     if min(args.steps, args.batch_size, args.micro_batch_size, args.num_anchors, args.max_length) < 1:
         raise DsparkError(
@@ -96,6 +102,7 @@ def _run_sweep_command(args: argparse.Namespace, kind: str, variants_of) -> int:
         seed=args.seed,
         progress=not args.no_progress,
     )
+    claim_outputs(args.out, OUTPUTS, command="sweep", force=args.force)
     sweep = run_sweep(
         kind, target, variants, dataset, benchmarks, args.out, training=training, eval_config=config
     )

@@ -182,6 +182,10 @@ def _domain_tau(points: Sequence[SweepPoint]) -> dict[str, dict[str, dict[int, f
     return out
 
 
+# What a sweep writes in its folder (run_sweep's runs/, write_sweep_report's files).
+OUTPUTS = ("runs", "eval", "sweep.json", "block_size.png", "depth.png", "report.md")
+
+
 def write_sweep_report(sweep: SweepResult, out: Path, meta: Mapping[str, Any] | None = None) -> Path:
     """Write ``sweep.json``, the figure, ``report.md``, and the full evaluation under ``eval/``."""
     out = Path(out)

@@ -27,8 +27,10 @@ from dspark.drafters.folder import file_sha256
 from dspark.quickstart.answers import answer, errors_file, mean_tokens, summary_of, training_prompts
 from dspark.quickstart.plan import DOMAINS, METHODS, QuickstartPlan
 from dspark.quickstart.references import REFERENCES, shipped_references
-from dspark.quickstart.stages import Stages
+from dspark.quickstart.stages import Stages, claim_run_folder
 
+# The layout's top-level names (module docstring): what the run folder claims.
+OUTPUTS = ("data", "train", "drafters", "calibration", "eval", "serve", "stages", "report.md", "summary.json")
 CALIBRATED = "dspark-sts"
 ROW_FIELDS = ("drafter", "benchmark", "domain", "tau", "tokens_per_s", "speedup", "num_rounds", "tokens")
 ROW_FIELDS += ("conditional_acceptance",)  # what the eval stage keeps of each result row
@@ -356,16 +358,18 @@ def run_quickstart(
     announce: Callable[[str], None] = print,
     dtype: str = "auto",
     shipped_root: Path | None = None,
+    force: bool = False,
 ) -> Path:
     """Run (or resume) every stage and write ``out/report.md``; returns its path.
 
     ``dtype`` is what evaluation and serving decode in (``--dtype``); training keeps its own.
     ``shipped_root`` holds the shipped drafters to compare with (default: the package's).
+    ``force`` takes over the layout's names in ``out`` that no quickstart claimed.
     """
     from dspark.quickstart.report import write_report
 
     started = time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
+    claim_run_folder(out, OUTPUTS, command="quickstart", force=force)
     qs = Quickstart(plan, out, progress=progress, announce=announce, dtype=dtype, shipped_root=shipped_root)
     conditions = run_conditions.for_target(qs.decode_target)
     data = qs.regenerate()

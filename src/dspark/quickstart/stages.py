@@ -196,3 +196,15 @@ class Stages:
         self.log.seconds[name] = round(seconds, 2)
         self.log.loads[name] = load
         return summary
+
+
+def claim_run_folder(out: Path, names: tuple[str, ...], *, command: str, force: bool = False) -> None:
+    """Claim a pipeline's top-level ``names`` in ``out`` (:func:`dspark.output_folders.claim_outputs`).
+
+    A folder whose ``stages/`` already holds stage records is a run of this pipeline from
+    before claims existed: those records are its markers, so it is claimed as is.
+    """
+    from dspark.output_folders import claim_outputs
+
+    legacy = any((out / "stages").glob("*.json"))
+    claim_outputs(out, names, command=command, force=force or legacy)
