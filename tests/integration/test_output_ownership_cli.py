@@ -214,3 +214,21 @@ def test_profile_out_refuses_a_users_file(tmp_path, capsys):
     table.write_text("mine")
     _refused(*_run(capsys, "profile", "--max-batch", "1", "--repeats", "1", "--out", table), "sps.json")
     assert table.read_text() == "mine"
+
+
+def test_data_cache_refuses_a_folder_of_other_files(tmp_path, capsys):
+    data = tmp_path / "records.jsonl"
+    data.write_text(json.dumps({"turns": ["Say hi."], "answers": ["Hi there."]}) + "\n")
+    out = tmp_path / "cache"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    code, err = _run(
+        capsys, "data", "cache", "--data", data, "--out", out, "--dtype", "fp32", "--no-progress"
+    )
+    _one_line(code, err, "notes.txt", "not a feature cache")
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    (out / "notes.txt").unlink()  # control: an empty folder is built in
+    assert (
+        _run(capsys, "data", "cache", "--data", data, "--out", out, "--dtype", "fp32", "--no-progress")[0]
+        == 0
+    )

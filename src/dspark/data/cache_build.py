@@ -105,8 +105,20 @@ class ShardWriter:
 
 
 def _prepare_folder(root: Path, overwrite: bool) -> None:
+    """Refuse a folder that holds files a cache build does not write (the user's: a build next to
+    them would leave a folder of both), before :func:`_clear_folder` removes a cache's by name."""
     if (root / MANIFEST).exists() and not overwrite:
         raise DsparkError(f"{root} already holds a feature cache; pass --overwrite to replace it")
+    ours = (MANIFEST, f"{MANIFEST}.tmp", f"{INDEX}*", "shard-*.bin*")
+    foreign = (
+        sorted(p.name for p in root.iterdir() if not any(p.match(n) for n in ours)) if root.is_dir() else []
+    )
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise DsparkError(
+            f"{root} holds files that are not a feature cache's ({shown}); give an empty or new folder, "
+            "or the folder of a cache to replace"
+        )
     root.mkdir(parents=True, exist_ok=True)
 
 
