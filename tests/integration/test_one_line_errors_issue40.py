@@ -83,3 +83,10 @@ def test_a_prompt_file_with_a_5000_digit_integer_is_one_line(tmp_path, capsys):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"turns": ["hi"], "n": ' + "9" * 5000 + "}\n")
     _one_line(*_run(capsys, "data", "prompts", "--set", prompts, "--out", tmp_path / "o.jsonl"), "digits")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_eval_temperature_nan_is_refused_before_decoding(tmp_path, capsys, value):
+    argv = ["eval", "--drafters", "ngram", "--bench", "math", "--limit", "1", "--max-tokens", "4"]
+    _one_line(*_run(capsys, *argv, "--temperature", value, "--out", tmp_path / "e"), "--temperature")
+    assert not (tmp_path / "e").exists()

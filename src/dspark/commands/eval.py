@@ -124,8 +124,8 @@ def eval_config(args: argparse.Namespace, *, baseline: bool):
     from dspark.eval.runner import EvalConfig
 
     template_kwargs = args.template_kwargs
-    if args.temperature < 0:
-        raise DsparkError(f"--temperature must be >= 0, got {args.temperature}")
+    if not 0 <= args.temperature < float("inf"):  # NaN too: found only when results.json is written
+        raise DsparkError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     if args.max_tokens < 1:
         raise DsparkError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     if args.block_size is not None and args.block_size < 1:
