@@ -90,3 +90,20 @@ def test_eval_temperature_nan_is_refused_before_decoding(tmp_path, capsys, value
     argv = ["eval", "--drafters", "ngram", "--bench", "math", "--limit", "1", "--max-tokens", "4"]
     _one_line(*_run(capsys, *argv, "--temperature", value, "--out", tmp_path / "e"), "--temperature")
     assert not (tmp_path / "e").exists()
+
+
+def test_a_cache_manifest_without_the_index_checksum_is_refused(tmp_path, capsys):
+    from dspark.data.cache import CacheError, FeatureCache
+
+    data, out = tmp_path / "records.jsonl", tmp_path / "cache"
+    data.write_text(json.dumps({"turns": ["Say hi."], "answers": ["Hi there."]}) + "\n")
+    assert (
+        _run(capsys, "data", "cache", "--data", data, "--out", out, "--dtype", "fp32", "--no-progress")[0]
+        == 0
+    )
+    FeatureCache.open(out)  # control: intact
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["index"]["sha256"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CacheError, match="sha256"):
+        FeatureCache.open(out)

@@ -254,7 +254,8 @@ class FeatureCache:
                 raise CacheError(
                     f"cache file {file} has {file.stat().st_size} bytes, the manifest says {meta['bytes']}"
                 )
-            if (verify or name == INDEX) and sha256_file(file) != meta["sha256"]:
+            # A missing sha256 matches nothing: what the manifest cannot vouch for is not read.
+            if (verify or name == INDEX) and sha256_file(file) != meta.get("sha256"):
                 raise CacheError(f"cache file {file} is corrupt: its sha256 does not match the manifest")
         raw_index = np.fromfile(root / INDEX, dtype="<i8")
         if raw_index.size % 3:
