@@ -3,8 +3,8 @@
 The tree counterpart of ``loop.py``'s reference loop, for one request on the adapter's
 own KV cache:
 
-1. **draft**: one backbone forward scored for a tree (``drafter.tree_slots``), grown by
-   :func:`dspark.drafters.tree.build_trees`;
+1. **draft**: ``drafter.propose_tree``: one backbone forward grown into a tree
+   (``drafters/tree.py``);
 2. **budget**: the nodes to verify (:class:`TreeBudget`: a fixed number, Algorithm 1 over
    the SPS table, or all);
 3. **verify**: one target forward over the anchor and every kept node with a tree
@@ -28,10 +28,9 @@ import torch
 
 from dspark.decoding.loop import OnTokens, start_request
 from dspark.decoding.stopping import Cut, cut_round
-from dspark.drafters.tree import TreeConfig, build_trees
 from dspark.protocols import GenerationResult, RoundLog, SamplingParams, drafts_after_prompt
 from dspark.sampling import batch_probs
-from dspark.sampling.tree import TreeBlock, verify_tree
+from dspark.sampling.tree import TreeBlock, TreeConfig, verify_tree
 from dspark.scheduler.profile import SpsTable
 from dspark.scheduler.tree_budget import top_nodes, tree_budget
 from dspark.targets import TargetAdapter
@@ -121,7 +120,7 @@ def tree_generate(
 ) -> GenerationResult:
     """Generate up to ``params.max_tokens`` tokens after ``prompt_ids`` with token trees, losslessly.
 
-    ``drafter`` offers ``tree_slots`` (DSpark with a Markov head, DFlash); the other
+    ``drafter`` offers ``propose_tree`` (DSpark with a Markov head, DFlash); the other
     arguments are those of :func:`dspark.decoding.loop.speculative_generate`.
     """
     started = time.perf_counter()
@@ -135,9 +134,7 @@ def tree_generate(
         if not generated and not drafts_after_prompt(drafter):
             max_len = 0
         if max_len > 0:
-            trees = select_nodes(
-                build_trees(drafter.tree_slots([req.state], max_len, [params]), config), budget
-            )
+            trees = select_nodes(drafter.propose_tree([req.state], max_len, [params], config), budget)
         else:
             empty = torch.zeros(1, 0, dtype=torch.long)
             trees = TreeBlock(empty, empty, torch.zeros(1, dtype=torch.long))

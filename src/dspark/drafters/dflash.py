@@ -49,8 +49,9 @@ from dspark.drafters.request_state import (
     padded_context_mask,
     sync_requests,
 )
-from dspark.drafters.tree import SlotScores
+from dspark.drafters.tree import SlotScores, build_trees
 from dspark.protocols import DraftBlock, SamplingParams, SequenceState, SlotFactors, TrainBatch, TrainOutput
+from dspark.sampling.tree import TreeBlock, TreeConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -334,6 +335,12 @@ class DFlashDrafter(nn.Module):
         tokens, probs = draw_drafts(logits, sampling, generators, self.draft_ids, self.dims.vocab_size)
         lengths = torch.full((len(states),), K, dtype=torch.long, device=tokens.device)
         return DraftBlock(tokens=tokens, lengths=lengths, probs=probs)
+
+    def propose_tree(
+        self, states: list[SequenceState], max_len: int, sampling: list[SamplingParams], shape: TreeConfig
+    ) -> TreeBlock:
+        """A token tree per request, at most ``min(max_len, γ)`` deep (``drafters/tree.py``)."""
+        return build_trees(self.tree_slots(states, max_len, sampling), shape)
 
     @torch.no_grad()
     def tree_slots(

@@ -25,10 +25,11 @@ from dspark.drafters.common import DecoderDims, build_from_target
 from dspark.drafters.dflash import DFlashBackbone, hold_backbone
 from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, dspark_objective
 from dspark.drafters.request_state import assert_states, draw_drafts
-from dspark.drafters.tree import SlotScores
+from dspark.drafters.tree import SlotScores, build_trees
 from dspark.heads import MARKOV_HEAD_TYPES, ConfidenceHead, build_sequential_head, scale_confidence_logits
 from dspark.protocols import DraftBlock, SamplingParams, SequenceState, TrainBatch, TrainOutput
 from dspark.sampling.argmax import greedy_tokens
+from dspark.sampling.tree import TreeBlock, TreeConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,6 +178,12 @@ class DSparkDrafter(nn.Module):
             probs=probs,  # [R, K, V]
             confidences=self._block_confidences(h, markov_embs),
         )
+
+    def propose_tree(
+        self, states: list[SequenceState], max_len: int, sampling: list[SamplingParams], shape: TreeConfig
+    ) -> TreeBlock:
+        """A token tree per request, at most ``min(max_len, γ)`` deep (``drafters/tree.py``)."""
+        return build_trees(self.tree_slots(states, max_len, sampling), shape)
 
     @torch.no_grad()
     def tree_slots(

@@ -43,27 +43,7 @@ from dspark.drafters.draft_vocab import draft_to_target
 from dspark.drafters.request_state import sample_tokens
 from dspark.protocols import SamplingParams
 from dspark.sampling.probs import batch_probs
-from dspark.sampling.tree import ROOT, TreeBlock
-
-
-@dataclass(frozen=True, kw_only=True)
-class TreeConfig:
-    """How wide a tree grows: ``widths[d]`` children per node at depth d (the last width
-    repeats up to the block size when ``depth`` is None), ``frontier`` nodes expanded per
-    depth (None: all of them)."""
-
-    widths: tuple[int, ...] = (4, 2, 2, 1)
-    depth: int | None = None  # None: the drafter's block size
-    frontier: int | None = 8
-
-    def __post_init__(self) -> None:
-        if not self.widths or min(self.widths) < 1:
-            raise ValueError(f"tree widths must be >= 1, got {self.widths}")
-        if self.frontier is not None and self.frontier < 1:
-            raise ValueError(f"tree frontier must be >= 1, got {self.frontier}")
-
-    def width(self, d: int) -> int:
-        return self.widths[min(d, len(self.widths) - 1)]
+from dspark.sampling.tree import ROOT, TreeBlock, TreeConfig
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ a tree (``decoding/tree_loop.py``) under a :class:`~dspark.decoding.tree_loop.Tr
 (a fixed node count, Algorithm 1 over an SPS table, or the whole tree). Arms run
 interleaved prompt by prompt, so a slow drift of a shared machine spreads over all of
 them. Terms (DESIGN §2): τ = tokens emitted per verification round (accepted drafts + 1);
-*nodes* = drafts verified per round (γ for a full chain).
+*nodes* = drafts verified per round (γ for a full chain). Speed is tokens per second of
+the decoding thread's CPU time (one thread: what the wall clock reads on an idle
+machine; a shared machine's wall clock is kept beside it).
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ import torch
 
 from dspark.decoding.loop import speculative_generate
 from dspark.decoding.tree_loop import TreeBudget, tree_generate
-from dspark.drafters.tree import TreeConfig
 from dspark.protocols import GenerationResult, SamplingParams
+from dspark.sampling.tree import TreeConfig
 from dspark.scheduler.profile import SpsTable, measure_sps
 from dspark.targets import TargetAdapter
 
@@ -38,6 +40,15 @@ class Arm:
     def shape(self) -> str:
         return "chain" if self.tree is None or max(self.tree.widths) == 1 else "tree"
 
+    @property
+    def sizing(self) -> str:
+        """How many drafts a round verifies: ``"7"`` (fixed), ``"alg1"`` or ``"all"``."""
+        if self.tree is None:
+            return str(self.block_size)
+        if self.budget.nodes is not None:
+            return str(self.budget.nodes)
+        return "alg1" if self.budget.sps is not None else "all"
+
 
 @dataclass(frozen=True, kw_only=True)
 class ArmResult:
@@ -46,11 +57,13 @@ class ArmResult:
     arm: str
     drafter: str
     shape: str  # "chain" | "tree"
+    sizing: str  # Arm.sizing
     rounds: int
     tokens: int
     nodes: int  # drafts verified, over all rounds
     accepted: int
-    seconds: float
+    seconds: float  # thread CPU time
+    wall_seconds: float
 
     @property
     def tau(self) -> float:
@@ -63,6 +76,63 @@ class ArmResult:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / max(self.seconds, 1e-9)
+
+    def as_dict(self) -> dict:
+        return {
+            "arm": self.arm,
+            "drafter": self.drafter,
+            "shape": self.shape,
+            "sizing": self.sizing,
+            "tau": self.tau,
+            "nodes_per_round": self.nodes_per_round,
+            "tokens_per_s": self.tokens_per_s,
+            "wall_seconds": self.wall_seconds,
+            "rounds": self.rounds,
+            "tokens": self.tokens,
+            "seconds": self.seconds,
+        }
+
+
+def tree_arms(
+    drafters: Sequence[str],
+    tree: TreeConfig,
+    *,
+    block_size: int = 7,
+    node_budgets: Sequence[int] = (7,),
+    sps: SpsTable | None = None,
+) -> list[Arm]:
+    """Per drafter: the chain of ``n`` drafts and the tree at ``n`` verified nodes for each
+    ``n`` of ``node_budgets`` (a tree against a chain at the same verification budget), and,
+    with an SPS table, the chain and the tree sized by Algorithm 1 (block ``block_size``)."""
+    width_1 = TreeConfig(widths=(1,), frontier=1)
+    arms = []
+    for name in drafters:
+        for n in node_budgets:
+            arms.append(Arm(name=f"{name} chain {n}", drafter=name, block_size=n))
+            arms.append(
+                Arm(
+                    name=f"{name} tree {n}",
+                    drafter=name,
+                    tree=tree,
+                    budget=TreeBudget(nodes=n),
+                    block_size=block_size,
+                )
+            )
+        if sps is not None:
+            budget = TreeBudget(sps=sps)
+            arms.append(
+                Arm(
+                    name=f"{name} chain alg1",
+                    drafter=name,
+                    tree=width_1,
+                    budget=budget,
+                    block_size=block_size,
+                )
+            )
+            arms.append(
+                Arm(name=f"{name} tree alg1", drafter=name, tree=tree, budget=budget, block_size=block_size)
+            )
+    return arms
 
 
 def run_arm(
@@ -89,17 +159,18 @@ def compare(
     ``rounds`` and ``tokens`` count emitted tokens as the rounds report them, so τ is the
     mean emitted per round (the last round may be cut by ``max_tokens``).
     """
-    totals = {a.name: [0, 0, 0, 0, 0.0] for a in arms}  # rounds, tokens, nodes, accepted, seconds
+    totals = {a.name: [0, 0, 0, 0, 0.0, 0.0] for a in arms}  # rounds, tokens, nodes, accepted, cpu s, wall s
     for i, ids in enumerate(prompts):
         for arm in arms:
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.thread_time()
             out = run_arm(target, drafters[arm.drafter], arm, ids, params)
             t = totals[arm.name]
             t[0] += len(out.rounds)
             t[1] += sum(r.emitted for r in out.rounds)
             t[2] += sum(r.proposed for r in out.rounds)
             t[3] += sum(r.accepted for r in out.rounds)
-            t[4] += time.perf_counter() - started
+            t[4] += time.thread_time() - cpu_started
+            t[5] += time.perf_counter() - started
         if progress is not None:
             progress(i)
     return [
@@ -107,11 +178,13 @@ def compare(
             arm=a.name,
             drafter=a.drafter,
             shape=a.shape,
+            sizing=a.sizing,
             rounds=t[0],
             tokens=t[1],
             nodes=t[2],
             accepted=t[3],
             seconds=t[4],
+            wall_seconds=t[5],
         )
         for a in arms
         for t in [totals[a.name]]
@@ -134,4 +207,5 @@ def batch1_sps(
         target.rollback(cache, context)
 
     sizes = list(range(1, 17)) + [s for s in (20, 24, 32, 40, 48, 64) if s <= max_tokens]
-    return measure_sps(step, sizes, repeats=repeats, meta={"context": context, "loop": "batch-1"})
+    meta = {"context": context, "loop": "batch-1", "clock": "thread"}
+    return measure_sps(step, sizes, repeats=repeats, meta=meta, clock=time.thread_time)

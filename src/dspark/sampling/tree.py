@@ -53,6 +53,26 @@ from dspark.sampling.rejection import (
 ROOT = -1  # the parent index of a child of the anchor
 
 
+@dataclass(frozen=True, kw_only=True)
+class TreeConfig:
+    """How a drafter grows a token tree (``drafters/tree.py``): ``widths[d]`` children per
+    node at depth d (the last width repeats up to the block size when ``depth`` is None),
+    ``frontier`` nodes expanded per depth (None: all of them; greedy trees only)."""
+
+    widths: tuple[int, ...] = (4, 2, 2, 1)
+    depth: int | None = None  # None: the drafter's block size
+    frontier: int | None = 8
+
+    def __post_init__(self) -> None:
+        if not self.widths or min(self.widths) < 1:
+            raise ValueError(f"tree widths must be >= 1, got {self.widths}")
+        if self.frontier is not None and self.frontier < 1:
+            raise ValueError(f"tree frontier must be >= 1, got {self.frontier}")
+
+    def width(self, d: int) -> int:
+        return self.widths[min(d, len(self.widths) - 1)]
+
+
 @dataclass(frozen=True)
 class TreeBlock:
     """R requests' token trees, padded to N nodes.

@@ -11,9 +11,10 @@ from dspark.decoding.loop import speculative_generate
 from dspark.decoding.tree_loop import TreeBudget, tree_attention, tree_generate
 from dspark.drafters.folder import load_drafter
 from dspark.drafters.shipped import shipped_drafter_dir
-from dspark.drafters.tree import TreeConfig, build_trees
+from dspark.drafters.tree import build_trees
 from dspark.presets.tiny import builtin_prompts, tiny_target_dir
 from dspark.protocols import SamplingParams, SequenceState
+from dspark.sampling.tree import TreeConfig
 from dspark.scheduler.profile import SpsTable
 from dspark.targets import TargetAdapter
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dspark.drafters.tree import TreeConfig, build_trees
+from dspark.drafters.tree import build_trees
 from dspark.protocols import SamplingParams
-from dspark.sampling.tree import ROOT
+from dspark.sampling.tree import ROOT, TreeConfig
 
 from .builders import BLOCK, build, make_state, prompt
 

@@ -1,0 +1,101 @@
+"""``dspark bench tree``: chains and token trees side by side on the batch-1 loops.
+
+The measuring lives in :mod:`dspark.eval.tree_compare`; this module parses, runs and prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from dspark.commands.argtypes import int_list, non_negative_float, positive_int
+from dspark.commands.options import add_block_size, add_dtype, add_target
+
+
+def add_bench_tree_args(p: argparse.ArgumentParser) -> None:
+    add_target(p)
+    add_dtype(p)
+    p.add_argument(
+        "--bench", default="math,code", help="comma-separated prompt sets (built-in names or JSONL paths)"
+    )
+    p.add_argument("--limit", type=positive_int, default=10, help="prompts per set")
+    p.add_argument("--drafters", default="dspark,dflash", help="comma-separated drafters with token trees")
+    p.add_argument("--max-tokens", type=positive_int, default=128, help="tokens per answer")
+    add_block_size(p, help="the deepest a tree or an Algorithm 1 chain grows")
+    p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy; > 0 samples")
+    p.add_argument(
+        "--tree-widths", type=int_list, default=[4, 2, 2, 1], help="children per node at each depth"
+    )
+    p.add_argument(
+        "--tree-frontier", type=positive_int, default=4, help="nodes expanded per depth (greedy trees)"
+    )
+    p.add_argument(
+        "--tree-nodes",
+        type=int_list,
+        default=[7],
+        help="verified-node budgets: at each N, the tree's N best nodes against the chain of N drafts",
+    )
+    p.add_argument(
+        "--no-alg1", action="store_true", help="skip the arms sized by Algorithm 1 (no SPS profile)"
+    )
+    p.add_argument(
+        "--sps", type=Path, default=None, help="an SPS table (JSON) instead of profiling the batch-1 loop"
+    )
+    p.add_argument(
+        "--plot", type=Path, default=None, help="write τ against verified nodes per round here (PNG)"
+    )
+    p.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+
+
+def main_bench_tree(args: argparse.Namespace) -> int:
+    """τ, drafts verified per round and batch-1 tokens/s of chains and token trees, per drafter."""
+    from dspark.commands.loading import load_inference_target
+    from dspark.data.chat import prompt_ids
+    from dspark.data.prompts import load_prompts
+    from dspark.drafters.registry import build_drafter
+    from dspark.eval.plots import plot_sweep_lines
+    from dspark.eval.tree_compare import batch1_sps, compare, tree_arms
+    from dspark.protocols import SamplingParams
+    from dspark.sampling.tree import TreeConfig
+    from dspark.scheduler.profile import SpsTable
+
+    prompt_sets = {bench: load_prompts(bench, args.limit) for bench in args.bench.split(",")}
+    target = load_inference_target(args.target, args.dtype)
+    names = [n.strip() for n in args.drafters.split(",") if n.strip()]
+    drafters = {name: build_drafter(name, target) for name in names}
+    sps = None if args.no_alg1 else (SpsTable.load(args.sps) if args.sps else batch1_sps(target))
+    tree = TreeConfig(widths=tuple(args.tree_widths), frontier=args.tree_frontier)
+    arms = tree_arms(names, tree, block_size=args.block_size, node_budgets=args.tree_nodes, sps=sps)
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=0)
+    rows, panels = [], {}
+    for bench, prompts in prompt_sets.items():
+        ids = [prompt_ids(target.tokenizer, p) for p in prompts]
+        ids = [i for i in ids if len(i) + args.max_tokens <= target.max_context]
+        results = compare(target, drafters, arms, ids, params)
+        chains = {
+            r.drafter: r for r in results if r.shape == "chain" and r.sizing == str(args.tree_nodes[-1])
+        }
+        for r in results:
+            rows.append(
+                {
+                    "bench": bench,
+                    **r.as_dict(),
+                    "speed_vs_chain": r.tokens_per_s / chains[r.drafter].tokens_per_s,
+                }
+            )
+            if r.sizing.isdigit():
+                panels.setdefault(bench, {}).setdefault(f"{r.drafter} {r.shape}", {})[int(r.sizing)] = r.tau
+    if args.plot is not None:
+        plot_sweep_lines(panels, args.plot, xlabel="drafts verified per round", ylabel="τ (tokens per round)")
+    if args.json:
+        print(json.dumps({"rows": rows, "temperature": args.temperature}, indent=2))
+        return 0
+    last = args.tree_nodes[-1]
+    print(f"{'bench':<10}{'arm':<22}{'tau':>6}{'nodes/rd':>10}{'tok/s':>8}  x chain {last}")
+    for r in rows:
+        print(
+            f"{r['bench'][-10:]:<10}{r['arm']:<22}{r['tau']:>6.2f}{r['nodes_per_round']:>10.2f}"
+            f"{r['tokens_per_s']:>8.1f}  {r['speed_vs_chain']:.2f}"
+        )
+    return 0
