@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dspark.commands.argtypes import positive_float, positive_int
 from dspark.commands.loading import TINY_CORPUS
-from dspark.commands.options import add_target, add_template_kwargs, add_threads
+from dspark.commands.options import add_force, add_target, add_template_kwargs, add_threads
 from dspark.drafters.registry import MASK_TOKEN_METHODS, TRAINABLE
 from dspark.errors import DsparkError
 
@@ -146,11 +146,10 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         help="refuse to run if --out already holds checkpoints (default: resume from the newest); "
         "to start afresh, give a new --out",
     )
-    p.add_argument(
-        "--force",
-        action="store_true",
-        help="take over --out's train_config.json, metrics.jsonl, checkpoints/ and drafter/ when no "
-        "earlier `dspark train` there wrote them (resuming what they hold); nothing else is touched",
+    add_force(
+        p,
+        "--out's train_config.json, metrics.jsonl, checkpoints/ and drafter/ when no `dspark train` "
+        "wrote them (a run they hold is resumed)",
     )
     p.add_argument(
         "--feature-cache",
