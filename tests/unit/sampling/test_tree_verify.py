@@ -148,14 +148,15 @@ def generate(T, grow, start: int, R: int, n: int, seed: int, verify_fn=verify_tr
     return torch.tensor([o[:n] for o in out])
 
 
-def sampled_trees(D, widths):
-    return lambda prev, g: _sampled_trees(D, prev, widths, g)
+def sampled_trees(D, widths, confidence=None):
+    return lambda prev, g: _sampled_trees(D, prev, widths, g, confidence)
 
 
-def _sampled_trees(D, prev: torch.Tensor, widths, g) -> TreeBlock:
-    """Per request: at every node a first child drawn from ``D[node]``, then its top siblings."""
+def _sampled_trees(D, prev: torch.Tensor, widths, g, confidence=None) -> TreeBlock:
+    """Per request: at every node a first child drawn from ``D[node]``, then its top siblings;
+    ``confidence(p [R, n, V], kids [R, n, k]) -> [R, n, k]`` gives the nodes confidences."""
     R, V = prev.shape[0], D.shape[0]
-    tokens, parents, probs = [], [], []
+    tokens, parents, probs, confs = [], [], [], []
     frontier, where, count = prev.view(R, 1), torch.full((R, 1), ROOT), 0
     for k in widths:
         n = frontier.shape[1]
@@ -168,10 +169,13 @@ def _sampled_trees(D, prev: torch.Tensor, widths, g) -> TreeBlock:
         tokens.append(kids.reshape(R, n * k))
         parents.append(where.unsqueeze(-1).expand(R, n, k).reshape(R, n * k))
         probs.append(rows.reshape(R, n * k, V))
+        if confidence is not None:
+            confs.append(confidence(p, kids).reshape(R, n * k))
         frontier, where = kids.reshape(R, n * k), count + torch.arange(n * k).expand(R, n * k)
         count += n * k
+    conf = torch.cat(confs, 1) if confs else None
     return TreeBlock(
-        torch.cat(tokens, 1), torch.cat(parents, 1), torch.full((R,), count), None, torch.cat(probs, 1)
+        torch.cat(tokens, 1), torch.cat(parents, 1), torch.full((R,), count), conf, torch.cat(probs, 1)
     )
 
 

@@ -10,6 +10,9 @@ from dspark.scheduler.policies import prefix_lengths
 from dspark.scheduler.profile import SpsTable
 from dspark.scheduler.tree_budget import top_nodes, tree_budget
 
+from ..sampling.conftest import chi2_pvalue
+from ..sampling.test_tree_verify import ALPHA, generate, joint_pvalue, sampled_trees, toy_tables
+
 TABLES = {
     "flat": SpsTable.flat(),
     "knee": SpsTable.from_dict({1: 100.0, 4: 95.0, 8: 60.0, 16: 30.0, 64: 8.0}),
@@ -78,3 +81,33 @@ def test_top_nodes_keeps_n_best_per_request():
     keep = top_nodes(trees.survival(), trees.valid(), 3)
     assert keep.sum(-1).tolist() == trees.sizes.clamp(max=3).tolist()
     assert closed_under_parents(trees, keep)
+
+
+def _honest(p, kids):
+    """The i-th child's confidence is the i-th largest probability, whichever token was drawn."""
+    return p.sort(dim=-1, descending=True).values[..., : kids.shape[-1]].double()
+
+
+def _anticipating(p, kids):
+    """Bug: a sampled child's confidence is its own probability, so its admission reads its token."""
+    return p.gather(-1, kids).double()
+
+
+@pytest.mark.parametrize("rule", ["honest", "anticipating"])
+def test_a_budgeted_sampled_tree_stays_lossless_only_without_anticipation(rule):
+    """Sampled first children under Algorithm 1 over the whole batch: lossless when the ranking
+    never reads a sampled token (paper Appendix A, for trees); the negative control reads it."""
+    T, D = toy_tables(8, seed=21)
+    R = 20_000
+    sps = SpsTable.from_dict({1: 1.0, 2 * R: 1.0, 20 * R: 0.1})  # free up to 2R tokens, then linear
+    grow_full = sampled_trees(D, (3, 2, 1), _honest if rule == "honest" else _anticipating)
+
+    def grow(prev, g):
+        trees = grow_full(prev, g)
+        keep = tree_budget(trees.survival(), trees.valid(), sps)
+        assert 0 < int(keep.sum()) < int(trees.sizes.sum()), "the budget must cut somewhere"
+        return trees.select(keep)
+
+    seqs = generate(T, grow, start=0, R=R, n=3, seed=9)
+    pvalue = joint_pvalue(chi2_pvalue, T, 0, seqs)
+    assert pvalue > ALPHA if rule == "honest" else pvalue < 1e-6
