@@ -78,7 +78,12 @@ def test_dflash_names_the_spec_type_that_reads_its_layout(target):
     ("name", "overrides", "match"),
     [
         ("dspark_rnn", {}, "vanilla Markov head only"),
-        ("eagle3", {}, "eagle3 graph"),
+        ("eagle3", {}, "does not write its eagle3 layout"),
+        (
+            "eagle3",
+            {"target_layer_ids": [0, 1, 2, 3]},
+            "fuses exactly 3 target layers, and this Eagle3 drafter fuses 4",
+        ),
         ("dflash", {"draft_qk_norm": False}, "RMS-normalize q and k"),
         ("dflash", {"mask_embedding": True}, "mask as a token"),
     ],

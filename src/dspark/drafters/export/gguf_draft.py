@@ -22,7 +22,8 @@ checked by its own binaries in ``tests/interop/test_llamacpp_*.py``:
 
 What llama.cpp cannot represent is refused (:func:`gguf_problems`): an RNN Markov head,
 draft layers without q/k norm, a learned mask embedding, Gemma-style scaling or softcaps,
-Eagle3 (its ``eagle3`` graph reads another layout). STS temperatures (SPEC §8) have no
+Eagle3 (llama.cpp's ``eagle3`` graph fuses exactly 3 target layers, dspark's shipped
+Eagle3 drafters 5, and dspark does not write that graph's layout). STS temperatures (SPEC §8) have no
 place in the file: ``--spec-draft-p-min`` then thresholds the uncalibrated confidence.
 """
 
@@ -74,11 +75,13 @@ class DraftGguf:
 def gguf_problems(config: dict[str, Any], dims) -> str | None:
     """Why llama.cpp's ``dflash`` graph cannot run this drafter (None: it can)."""
     method = config.get("dspark_method")
+    if method == "eagle3":
+        n = len(config.get("target_layer_ids") or ())
+        if n != 3:  # src/models/eagle3.cpp: "EAGLE3 requires exactly 3 entries in 'extract_layers'"
+            return f"its eagle3 graph fuses exactly 3 target layers, and this Eagle3 drafter fuses {n}"
+        return "dspark does not write its eagle3 layout yet; serve this Eagle3 drafter with vLLM or SGLang"
     if method not in ("dspark", "dflash"):
-        return (
-            f"its eagle3 graph reads another layout than dspark's {method} drafters (dspark has not "
-            "mapped it); serve this drafter with vLLM, SGLang or dspark"
-        )
+        return f"it has no graph for dspark's {method!r} drafters"
     if config.get("markov_rank", 0) > 0 and config.get("markov_head_type", "vanilla") != "vanilla":
         return f"its DSpark graph has the vanilla Markov head only, not {config['markov_head_type']!r}"
     if not config.get("draft_qk_norm", True):
