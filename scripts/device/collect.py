@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import payload  # noqa: E402
 
-RANK = {"ok": 3, "timeout": 2, "error": 1, "pending": 0}
+RANK = {"ok": 4, "partial": 3, "timeout": 2, "error": 1, "pending": 0}
 
 
 def merge_results(old: dict, new: dict) -> dict:

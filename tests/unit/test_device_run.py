@@ -25,18 +25,22 @@ from tests.unit.test_gpu_check import FakeClock  # noqa: E402
 MB = 10**6
 
 
-def test_the_gguf_crosses_in_two_calls_with_a_sparse_tree_and_four_without():
-    """Today's sizes: the GGUF 98.4 MB; the tree 37.7 MB: 21 MB tiny target, 11 MB drafters'
-    weights, 2.6 MB docs; the first call also carries a wheel and earlier results (~3 MB)."""
-    gguf, tree, tiny, drafters, docs = 98_362_432, int(37.7 * MB), 21 * MB, 11 * MB, int(2.6 * MB)
-    first = tree - drafters - docs
-    sparse = plan.plan_calls(gguf_bytes=gguf, first_tree=first, rest_tree=first - tiny, first_extra=3 * MB)
+def test_the_gguf_crosses_in_two_calls_with_a_sparse_tree(tmp_path):
+    """Today's sizes: the GGUF 98.4 MB; the tree 37.7 MB, of which the sparse checkout leaves
+    behind 21 MB tiny target, 11 MB drafters' weights and 2.6 MB docs; the first call also
+    carries two wheels (13 MB) and earlier results (~3 MB)."""
+    gguf, tree, extra = 98_362_432, int(37.7 * MB), 16 * MB
+    sparse_tree = tree - 21 * MB - 11 * MB - int(2.6 * MB)
+    sparse = plan.plan_calls(gguf_bytes=gguf, tree=sparse_tree, first_extra=extra)
     assert len(sparse) == 2 and sum(sparse) == gguf
-    assert sparse[0] + first + 3 * MB <= plan.CALL_LIMIT - plan.MARGIN
-    whole = plan.plan_calls(gguf_bytes=gguf, first_tree=tree, rest_tree=tree, first_extra=200_000)
-    assert len(whole) == 4 and sum(whole) == gguf
+    assert sparse[0] + sparse_tree + extra <= plan.CALL_LIMIT - plan.MARGIN
+    assert len(plan.plan_calls(gguf_bytes=gguf, tree=tree, first_extra=extra)) == 5  # --no-sparse
     with pytest.raises(SystemExit, match="too big"):
-        plan.plan_calls(gguf_bytes=gguf, first_tree=63 * 2**20, rest_tree=63 * 2**20, first_extra=0)
+        plan.plan_calls(gguf_bytes=gguf, tree=63 * 2**20, first_extra=0)
+    assert plan.needs_gguf(tmp_path)  # no earlier results: SmolLM2's sections are to do
+    done = {"sections": {"smollm2_campaign": {"status": "ok"}, "speed": {"status": "ok"}}}
+    (tmp_path / "results.json").write_text(json.dumps(done))
+    assert not plan.needs_gguf(tmp_path)  # then the tiny target travels instead
 
 
 def test_split_join_checks_every_piece_and_the_whole(tmp_path):
@@ -62,6 +66,8 @@ def test_sections_run_by_priority_wait_for_their_needs_and_are_not_run_twice():
     def runner(name: str, limit: float) -> dict:
         calls.append((name, limit))
         clock.now += 100
+        if name == "smollm2_campaign":  # ran out of time: its finished stages are kept
+            return {"status": "ok", "result": {"done": False}}
         return {"status": "ok"} if name != "speed" else {"status": "timeout"}
 
     state = {"sections": {"env": {"status": "ok"}}}  # from an earlier call
@@ -70,16 +76,18 @@ def test_sections_run_by_priority_wait_for_their_needs_and_are_not_run_twice():
     run.run_sections(
         names, state, 250, runner, dry_run=False, blocked=blocked.get, publish=published.append, clock=clock
     )
-    # env done, the campaign waits; with 50 s left tiny_sweeps (least 60 s) waits, train_shapes runs
-    assert [c[0] for c in calls] == ["cuda_tests", "speed", "train_shapes"]
-    assert [c[1] for c in calls] == [run.CAPS["cuda_tests"][1], run.CAPS["speed"][1], 50]
+    # env done, the campaign waits; with 50 s left the last two (least 60 s) wait too
+    assert [c[0] for c in calls] == ["cuda_tests", "speed"]
+    assert [c[1] for c in calls] == [run.CAPS["cuda_tests"][1], run.CAPS["speed"][1]]
     sections = state["sections"]
     assert sections["smollm2_campaign"] == {"status": "pending", "waiting": "the GGUF is not joined yet"}
     assert sections["tiny_sweeps"]["waiting"] == "time budget spent"  # 50 s left: its turn was gone
-    assert len(published) == 3  # after every section run
+    assert sections["train_shapes"]["waiting"] == "time budget spent"
+    assert len(published) == 2  # after every section run
     calls.clear()
     run.run_sections(names, state, 1000, runner, dry_run=False, redo={"env"}, clock=clock)
-    assert [c[0] for c in calls] == ["env", "smollm2_campaign", "speed", "tiny_sweeps"]
+    assert [c[0] for c in calls] == ["env", "smollm2_campaign", "speed", "tiny_sweeps", "train_shapes"]
+    assert sections["smollm2_campaign"]["status"] == "partial"  # not ok: the next call goes on
 
 
 def test_collected_results_keep_an_ok_record_over_a_later_worse_one():
