@@ -77,13 +77,17 @@ def _shown(names: Iterable[str]) -> str:
 
 
 def output_path(out: Path, flag: str = "--out") -> Path:
-    """``out``, or the folder it names when it is a symbolic link (replaced there, the link kept)."""
+    """``out``, or the folder it names when it is a symbolic link (replaced there, the link kept);
+    refused when a file stands where it or one of its parent folders would be."""
     out = Path(out)
-    if not out.is_symlink():
-        return out
-    if not out.exists():
+    if out.is_symlink() and not out.exists():
         raise OutputFolderError(f"{flag} {out} is a broken symbolic link; remove it or give another path")
-    return out.resolve()
+    for path in (out, *out.parents):
+        if path.exists():
+            if not path.is_dir():
+                raise OutputFolderError(f"{flag} {out}: {path} exists and is not a folder")
+            break
+    return out.resolve() if out.is_symlink() else out
 
 
 def check_not_input(out: Path, inputs: Iterable[str | Path | None], flag: str = "--out") -> None:
@@ -124,8 +128,6 @@ def check_replaceable(
     """
     shown_out = out
     out = output_path(out, flag)
-    if out.exists() and not out.is_dir():
-        raise OutputFolderError(f"{flag} {shown_out} exists and is not a folder")
     resolved = out.resolve()
     for source in inputs:
         if source is not None and Path(source).resolve().is_relative_to(resolved):

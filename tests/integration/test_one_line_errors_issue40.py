@@ -107,3 +107,19 @@ def test_a_cache_manifest_without_the_index_checksum_is_refused(tmp_path, capsys
     (out / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(CacheError, match="sha256"):
         FeatureCache.open(out)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "--drafter", "dspark", "--data", "tiny-corpus", "--out", "{file}"],
+        ["eval", "--drafters", "ngram", "--bench", "math", "--limit", "1", "--out", "{file}"],
+        ["data", "prompts", "--set", "math", "--out", "{file}/train.jsonl"],
+        ["export", "--format", "hf", "--drafter", "dspark", "--out", "{file}/export"],
+    ],
+)
+def test_a_file_where_the_output_folder_goes_is_one_line(tmp_path, capsys, argv):
+    file = tmp_path / "notes.txt"
+    file.write_text("mine")
+    _one_line(*_run(capsys, *(a.format(file=file) for a in argv)), "exists and is not a folder")
+    assert file.read_text() == "mine"
