@@ -11,8 +11,8 @@ the user's store (``~/.cache/dspark/drafters``, DESIGN §16) for every other tar
 drafters (~25 MB each) never enter git. In the package a file over ``--max-mb`` is refused
 (git history keeps every binary forever).
 
-The records always go to the package's ``SHIPPED.json`` beside the target's folders (or
-``--records``): how each was trained (steps, epochs, training tokens, expected τ on the
+The records go to the package's ``SHIPPED.json`` beside the target's folders (beside the
+drafters when ``--dest`` is given; or ``--records``): how each was trained (steps, epochs, training tokens, expected τ on the
 campaign's fixed samples, the last real τ), its learning curve
 (:mod:`dspark.drafters.shipped_record`), its target's fingerprint and the sha256 of its
 files. Records of methods not shipped this time are kept as they are. Commit the records
@@ -45,12 +45,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--records", type=Path, default=None, help="SHIPPED.json (default: the package's)")
     ns = p.parse_args(argv)
+    if ns.records is None:  # the package's records, unless the drafters go to a folder named here
+        ns.records = (ns.dest or PACKAGE) / ns.target / "SHIPPED.json"
     if ns.dest is None:
         from dspark.drafters.shipped import store_root
 
         ns.dest = PACKAGE if ns.target == "tiny" else store_root()
-    if ns.records is None:
-        ns.records = PACKAGE / ns.target / "SHIPPED.json"
     return ns
 
 
