@@ -12,8 +12,8 @@ drafters (~25 MB each) never enter git. In the package a file over ``--max-mb`` 
 (git history keeps every binary forever).
 
 The records go to the package's ``SHIPPED.json`` beside the target's folders (beside the
-drafters when ``--dest`` is given; or ``--records``): how each was trained (steps, epochs, training tokens, expected τ on the
-campaign's fixed samples, the last real τ), its learning curve
+drafters when ``--dest`` is given; or ``--records``): how each was trained (steps, epochs,
+training tokens, expected τ on the campaign's fixed samples, the last real τ), its learning curve
 (:mod:`dspark.drafters.shipped_record`), its target's fingerprint and the sha256 of its
 files. Records of methods not shipped this time are kept as they are. Commit the records
 (and, for the tiny target, the weights) once, when final.
