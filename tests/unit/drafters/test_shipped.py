@@ -3,6 +3,8 @@ package or in the user's store outside git (issue 36)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -97,3 +99,20 @@ def test_a_recorded_drafter_missing_here_names_the_command_that_makes_it(tmp_pat
     assert shipped.recorded_target(target) == "mine"
     other = TargetAdapter(type(target.model)(target.model.config))  # same shape, other weights
     assert shipped.recorded_target(other) is None
+
+
+def test_ship_drafters_sends_smollm2s_to_the_store_and_keeps_the_records_in_the_package(tmp_path):
+    """scripts/ship_drafters.py: the tiny target's drafters go into the package, every other
+    target's into the store; the records go to the package unless --dest names a folder."""
+    import importlib.util
+
+    script = Path(__file__).resolve().parents[3] / "scripts" / "ship_drafters.py"
+    spec = importlib.util.spec_from_file_location("ship_drafters", script)
+    ship = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ship)
+    ns = ship.parse_args(["--campaign", "c", "--target", "smollm2"])
+    assert ns.dest == shipped.store_root() == tmp_path / "cache" / "drafters"
+    assert ns.records == ship.PACKAGE / "smollm2" / "SHIPPED.json"
+    assert ship.parse_args(["--campaign", "c", "--target", "tiny"]).dest == ship.PACKAGE
+    ns = ship.parse_args(["--campaign", "c", "--target", "tiny", "--dest", str(tmp_path / "d")])
+    assert ns.records == tmp_path / "d" / "tiny" / "SHIPPED.json"  # never the package's by accident
