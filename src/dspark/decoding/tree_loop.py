@@ -61,16 +61,19 @@ def select_nodes(trees: TreeBlock, budget: TreeBudget) -> TreeBlock:
     return trees.select(keep.to(trees.tokens.device))
 
 
-def tree_attention(trees: TreeBlock, context_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def tree_attention(trees: TreeBlock, context_len: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Positions ``[1, n + 1]`` and mask ``[1, 1, n + 1, C + n + 1]`` of request 0's anchor and nodes.
 
     Row 0 is the anchor (position C, sees the context and itself); row ``1 + i`` is node i at
-    position ``C + depth(i)``, seeing the context, the anchor, its ancestors and itself.
+    position ``C + depth(i)``, seeing the context, the anchor, its ancestors and itself. A
+    chain's mask is the causal one: None then, and the forward takes its causal path.
     """
     n = int(trees.sizes[0])
     C = context_len
     depth = trees.depths()[0, :n]  # [n]
     positions = C + torch.cat([depth.new_zeros(1), depth]).unsqueeze(0)  # [1, n + 1]
+    if torch.equal(trees.parents[0, :n], torch.arange(n, device=trees.parents.device) - 1):
+        return positions, None
     mask = torch.zeros(n + 1, C + n + 1, dtype=torch.bool)  # [n + 1, C + n + 1]
     mask[:, : C + 1] = True  # the context and the anchor
     mask[1:, C + 1 :] = trees.ancestors()[0, :n, :n]  # node i: its ancestors and itself

@@ -127,12 +127,15 @@ class TreeBlock:
     def ancestors(self) -> Tensor:
         """``[R, N, N]`` bool: ``[r, i, j]`` iff node j is node i or one of its ancestors."""
         R, N = self.parents.shape
+        valid = self.valid()
         anc = torch.eye(N, dtype=torch.bool, device=self.parents.device).expand(R, N, N).clone()
-        for i in range(N):  # row i = row of its parent, plus i
-            p = self.parents[:, i]  # [R]
-            parent_row = anc[torch.arange(R), p.clamp_min(0)]  # [R, N]
-            anc[:, i] |= parent_row & (p >= 0).unsqueeze(-1)
-        return anc & self.valid().unsqueeze(-1) & self.valid().unsqueeze(1)
+        up = torch.where(valid, self.parents, ROOT)  # [R, N]: each node's ancestor d levels up
+        rows = torch.arange(R, device=up.device).unsqueeze(-1).expand(R, N)
+        cols = torch.arange(N, device=up.device).expand(R, N)
+        while bool((up >= 0).any()):  # one pass per level of the deepest node
+            anc[rows, cols, up.clamp_min(0)] |= up >= 0
+            up = torch.where(up >= 0, self.parents.gather(1, up.clamp_min(0)), ROOT)
+        return anc & valid.unsqueeze(-1) & valid.unsqueeze(1)
 
     def survival(self) -> Tensor:
         """Path survival ``[R, N]`` fp64: the product of the confidences from the root to the node."""
@@ -237,12 +240,10 @@ def verify_tree(
     rows = torch.arange(R, device=device)
     children = tree.children()  # [R, N + 1, W]
     choice = greedy_tokens(target_probs)  # [R, N + 1]: the greedy rule's target token per row
-    sampled = tree.sampled() & ~greedy.unsqueeze(-1)  # [R, N]
     if bool(greedy.all()):  # no uniforms drawn, as rejection.verify_greedy
-        u_accept = torch.zeros(R, N, dtype=torch.float64, device=device)
-        u_next = torch.zeros(R, dtype=torch.float64, device=device)
-    else:
-        u_accept, u_next = draw_uniforms(tree.sizes, N, generators)  # [R, N], [R]
+        return verify_tree_greedy(tree, choice)
+    sampled = tree.sampled() & ~greedy.unsqueeze(-1)  # [R, N]
+    u_accept, u_next = draw_uniforms(tree.sizes, N, generators)  # [R, N], [R]
 
     at = torch.zeros(R, dtype=torch.long, device=device)  # [R] current row: 0 = anchor, 1 + n = node n
     walking = torch.ones(R, dtype=torch.bool, device=device)  # [R] still descending
@@ -281,3 +282,22 @@ def verify_tree(
     next_tokens = sample_inverse_cdf(q, u_next)  # [R]: recovered from the residual, or bonus
     next_tokens = torch.where(greedy, choice[rows, at], next_tokens)
     return TreeVerifyOutput(paths=paths, next_tokens=next_tokens)
+
+
+def verify_tree_greedy(tree: TreeBlock, choice: Tensor) -> TreeVerifyOutput:
+    """:func:`verify_tree` when every request is greedy, from the target's greedy tokens
+    ``choice [R, N + 1]``: follow the child equal to the choice while there is one, then
+    emit the choice. A walk over host lists: a handful of nodes, no tensor op per node."""
+    children, tokens, choice_rows = tree.children().tolist(), tree.tokens.tolist(), choice.tolist()
+    paths, next_tokens = [], []
+    for kids, toks, want in zip(children, tokens, choice_rows):
+        path, at = [], 0
+        while True:
+            hit = next((c for c in kids[at] if c >= 0 and toks[c] == want[at]), None)
+            if hit is None:
+                break
+            path.append(hit)
+            at = hit + 1
+        paths.append(path)
+        next_tokens.append(want[at])
+    return TreeVerifyOutput(paths=paths, next_tokens=torch.tensor(next_tokens, device=choice.device))

@@ -65,13 +65,16 @@ class TargetCache:
         """
         if not 0 <= start <= self._length or any(not 0 <= start + i < self._length for i in rows):
             raise ValueError(f"cannot keep rows {rows} after {start}: cache holds {self._length} tokens")
-        index = torch.tensor(list(range(start)) + [start + i for i in rows])
-        for layer in self.kv.layers:
-            idx = index.to(layer.keys.device)
-            layer.keys = layer.keys.index_select(-2, idx)  # [B, kvh, start + len(rows), hd]
-            layer.values = layer.values.index_select(-2, idx)
-        self._length = start + len(rows)
-        assert self.kv.get_seq_length() == self._length
+        moved = [(start + j, start + i) for j, i in enumerate(rows) if i != j]  # (to, from)
+        if moved:  # only the rows out of place are copied, never the context
+            to = torch.tensor([t for t, _ in moved])
+            src = torch.tensor([f for _, f in moved])
+            for layer in self.kv.layers:
+                layer.keys[..., to.to(layer.keys.device), :] = layer.keys[..., src.to(layer.keys.device), :]
+                layer.values[..., to.to(layer.values.device), :] = layer.values[
+                    ..., src.to(layer.values.device), :
+                ]
+        self.truncate(start + len(rows))
 
     def __repr__(self) -> str:
         return f"TargetCache(length={self._length}, batch_size={self.batch_size})"

@@ -252,3 +252,15 @@ def test_no_uniforms_are_drawn_when_all_greedy():
     verify_tree(t, torch.softmax(torch.randn(2, 5, 16), -1), greedy=torch.tensor([True, True]), generators=g)
     assert torch.equal(g.get_state(), state)
     assert rejection.draw_uniforms is tree.draw_uniforms  # one source of uniforms for chain and tree
+
+
+def test_greedy_rows_of_a_mixed_batch_walk_as_an_all_greedy_batch():
+    T, D = toy_tables(8, seed=3)
+    trees = sampled_trees(D, (3, 2, 1))(torch.arange(8), torch.Generator().manual_seed(0))
+    probs = T[torch.cat([torch.arange(8).unsqueeze(1), trees.tokens], dim=1)]  # [8, N + 1, V]
+    mixed = verify_tree(
+        trees, probs, greedy=torch.arange(8) % 2 == 0, generators=torch.Generator().manual_seed(1)
+    )
+    alone = verify_tree(trees, probs, greedy=torch.ones(8, dtype=torch.bool))
+    for r in range(0, 8, 2):
+        assert mixed.paths[r] == alone.paths[r] and mixed.next_tokens[r] == alone.next_tokens[r]
