@@ -39,7 +39,10 @@ RANK = {"ok": 4, "partial": 3, "timeout": 2, "error": 1, "pending": 0}
 
 def merge_results(old: dict, new: dict) -> dict:
     """``new``'s records over ``old``'s, except that an ``ok`` is not replaced by a worse one."""
-    merged = {"sections": dict(old.get("sections", {})), "calls": old.get("calls", []) + new.get("calls", [])}
+    calls = old.get("calls", [])
+    # each call brings back the whole session so far: its earlier calls once
+    calls = calls + [c for c in new.get("calls", []) if c not in calls]
+    merged = {"sections": dict(old.get("sections", {})), "calls": calls}
     for name, record in new.get("sections", {}).items():
         before = merged["sections"].get(name)
         if before is None or RANK.get(record.get("status"), 0) >= RANK.get(before.get("status"), 0):

@@ -92,7 +92,7 @@ def test_sections_run_by_priority_wait_for_their_needs_and_are_not_run_twice():
 
 def test_collected_results_keep_an_ok_record_over_a_later_worse_one():
     old = {"sections": {"a": {"status": "ok", "n": 1}, "b": {"status": "timeout"}}, "calls": [1]}
-    new = {"sections": {"a": {"status": "error"}, "b": {"status": "ok", "n": 2}}, "calls": [2]}
+    new = {"sections": {"a": {"status": "error"}, "b": {"status": "ok", "n": 2}}, "calls": [1, 2]}
     merged = collect.merge_results(old, new)
     assert merged["sections"] == {"a": {"status": "ok", "n": 1}, "b": {"status": "ok", "n": 2}}
     assert merged["calls"] == [1, 2]
