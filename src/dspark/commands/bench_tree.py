@@ -89,7 +89,8 @@ def main_bench_tree(args: argparse.Namespace) -> int:
     if args.plot is not None:
         plot_sweep_lines(panels, args.plot, xlabel="drafts verified per round", ylabel="τ (tokens per round)")
     if args.json:
-        print(json.dumps({"rows": rows, "temperature": args.temperature}, indent=2))
+        table = None if sps is None else {"tokens": list(sps.tokens), "steps_per_s": list(sps.steps_per_s)}
+        print(json.dumps({"rows": rows, "temperature": args.temperature, "sps": table}, indent=2))
         return 0
     last = args.tree_nodes[-1]
     print(f"{'bench':<10}{'arm':<22}{'tau':>6}{'nodes/rd':>10}{'tok/s':>8}  x chain {last}")
