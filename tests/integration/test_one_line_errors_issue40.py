@@ -123,3 +123,17 @@ def test_a_file_where_the_output_folder_goes_is_one_line(tmp_path, capsys, argv)
     file.write_text("mine")
     _one_line(*_run(capsys, *(a.format(file=file) for a in argv)), "exists and is not a folder")
     assert file.read_text() == "mine"
+
+
+@pytest.mark.parametrize(
+    "argv,flag",
+    [
+        (["train", "--drafter", "dspark", "--data", "tiny-corpus", "--seed", "-1"], "--seed"),
+        (["train", "--drafter", "dspark", "--data", "tiny-corpus", "--limit", "0"], "--limit"),
+        (["calibrate", "--drafter", "dspark", "--dry-run", "--seed", "-1"], "--seed"),
+    ],
+)
+def test_negative_seeds_and_empty_limits_are_usage_errors(tmp_path, capsys, argv, flag):
+    code, err = _run(capsys, *argv, "--out", tmp_path / "out")
+    assert code == 2 and f"argument {flag}" in err and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()

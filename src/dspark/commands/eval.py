@@ -16,6 +16,7 @@ import logging
 import sys
 from pathlib import Path
 
+from dspark.commands.argtypes import non_negative_int
 from dspark.commands.loading import (
     load_drafters,
     load_inference_target,
@@ -71,7 +72,10 @@ def add_decoding_args(
         "--block-size", type=int, default=None, help="drafts per round (default: each drafter's γ)"
     )
     p.add_argument(
-        "--seed", type=int, default=0, help="base seed; every method gets the same per-prompt seeds"
+        "--seed",
+        type=non_negative_int,
+        default=0,
+        help="base seed; every method gets the same per-prompt seeds",
     )
     p.add_argument("--multi-turn", action="store_true", help="answer every turn, not only the first")
     p.add_argument(

@@ -12,7 +12,7 @@ import json
 import logging
 from pathlib import Path
 
-from dspark.commands.argtypes import positive_float, positive_int
+from dspark.commands.argtypes import non_negative_int, positive_float, positive_int
 from dspark.commands.loading import TINY_CORPUS
 from dspark.commands.options import add_force, add_target, add_template_kwargs, add_threads
 from dspark.drafters.registry import MASK_TOKEN_METHODS, TRAINABLE
@@ -120,7 +120,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         "so the drafter learns an answer's first tokens and is asked in a request's first round "
         "(any drafter kind; recorded in its config.json)",
     )
-    p.add_argument("--limit", type=int, default=None, help="use only the first N records")
+    p.add_argument("--limit", type=positive_int, default=None, help="use only the first N records")
     add_template_kwargs(p)
     p.add_argument("--save-every", type=int, default=100, help="checkpoint every N steps (0: at the end)")
     p.add_argument(
@@ -135,7 +135,10 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         help="prompt sets for the online evaluation (built-in names or JSONL paths)",
     )
     p.add_argument(
-        "--seed", type=int, default=0, help="seed of the drafter's initialisation and the data order"
+        "--seed",
+        type=non_negative_int,
+        default=0,
+        help="seed of the drafter's initialisation and the data order",
     )
     p.add_argument(
         "--parallel", choices=["ddp", "fsdp"], default="ddp", help="data parallelism under torchrun"
