@@ -39,10 +39,16 @@ def require_bin() -> Path:
     return folder
 
 
-def _run(args: list[str]) -> subprocess.CompletedProcess:
-    done = subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
-    if done.returncode != 0:
-        raise AssertionError(f"{Path(args[0]).name} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+def _run(args: list[str], needs: str = "") -> subprocess.CompletedProcess:
+    """Run a binary; retried (twice) when its log lacks ``needs`` (a regex): llama.cpp writes its
+    log from a thread it never joins at exit, so on a loaded machine the last lines (the
+    counts and timings) are sometimes lost (the note above ``common_log_main`` in common/log.cpp)."""
+    for _ in range(3):
+        done = subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+        if done.returncode != 0:
+            raise AssertionError(f"{Path(args[0]).name} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+        if re.search(needs, done.stderr):
+            break
     return done
 
 
@@ -77,7 +83,8 @@ def plain_run(
             str(bin_dir / "llama-completion"), "-m", str(model), "-p", prompt, "-n", str(max_tokens),
             "--temp", str(temp), "--seed", "0", "-t", str(threads), "-c", str(CONTEXT), "-no-cnv",
             "--simple-io", "--no-display-prompt",
-        ]
+        ],
+        needs=r"\beval time =",
     )  # fmt: skip
     # it ends its output with newlines (and " [end of text]" after EOS): not tokens of the answer
     text = re.sub(r"( \[end of text\])?\n*$", "", done.stdout)
@@ -132,7 +139,8 @@ def speculative(
             "--spec-type", spec_type, "--spec-draft-n-max", str(n_max), "--spec-draft-p-min", str(p_min),
             "-p", prompt, "-n", str(max_tokens), "--temp", str(temp), "--seed", "0",
             "-t", str(threads), "-td", str(threads), "-c", str(CONTEXT),
-        ]
+        ],
+        needs=r"n_accept\s*=",
     )  # fmt: skip
     counts = {k: int(v) for k, v in re.findall(r"(n_predict|n_drafted|n_accept)\s*=\s*(\d+)", done.stderr)}
     assert len(counts) == 3, f"no acceptance counts in its log:\n{done.stderr[-3000:]}"

@@ -60,7 +60,13 @@ def _check_written(path: Path, content: GgufContent) -> None:
 
 
 def serve_text(
-    draft: DraftGguf, folder: Path, target: Path, block_size: int, method: str, target_name: str
+    draft: DraftGguf,
+    folder: Path,
+    target: Path,
+    block_size: int,
+    method: str,
+    target_name: str,
+    dtype_name: str,
 ) -> str:
     """``SERVE.md``: llama-server, llama-cli and llama-speculative-simple command lines."""
     t, d = shlex.quote(str(target)), shlex.quote(str(folder / DRAFT_NAME))
@@ -87,6 +93,11 @@ def serve_text(
             "much more than a decode step (see BENCHMARKS, llama.cpp)."
         )
     lines.extend(draft.notes)
+    if dtype_name == "bf16":
+        lines.append(
+            "On a CPU, export with `--dtype fp16`: llama.cpp ran this BF16 draft 2-3x slower than the "
+            "same draft in F16 or F32 (SmolLM2's, one thread, a CPU with AVX512-BF16; BENCHMARKS)."
+        )
     return "\n\n".join(lines) + "\n"
 
 
@@ -130,7 +141,13 @@ def export_gguf(
     }
     (tmp / "SERVE.md").write_text(
         serve_text(
-            draft, out.resolve(), target_path, config["block_size"], config["dspark_method"], target_name
+            draft,
+            out.resolve(),
+            target_path,
+            config["block_size"],
+            config["dspark_method"],
+            target_name,
+            dtype_name,
         )
     )
     (tmp / EXPORT_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
