@@ -20,7 +20,12 @@ def add_bench_tree_args(p: argparse.ArgumentParser) -> None:
         "--bench", default="math,code", help="comma-separated prompt sets (built-in names or JSONL paths)"
     )
     p.add_argument("--limit", type=positive_int, default=10, help="prompts per set")
-    p.add_argument("--drafters", default="dspark,dflash", help="comma-separated drafters with token trees")
+    p.add_argument(
+        "--drafters",
+        default="dspark,dflash",
+        help="comma-separated drafters that grow token trees: dspark, dflash (shipped names) or their "
+        "folders; eagle3 has no tree yet",
+    )
     p.add_argument("--max-tokens", type=positive_int, default=128, help="tokens per answer")
     add_block_size(p, help="the deepest a tree or an Algorithm 1 chain grows")
     p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy; > 0 samples")
