@@ -9,11 +9,9 @@ backbone forward and one ``[n, r] x [r, N]`` product per depth.
 - **DSpark**: the children of a node with token ``x`` are the top ``k_d`` tokens of
   ``softmax(U_d + W_1[x] W_2)`` (Eq. 4 with the Markov bias, Eq. 5). The confidence head
   reads ``[h_d ; W_1[x]]`` (Eq. 7, STS-scaled as in the chain) and predicts the
-  acceptance of the node's *first* child; a sibling is accepted only where the first is
-  not, so the i-th child gets the rest ``(1 - c)`` shared as ``p_d`` shares its own mass
-  off the first child: ``min(c, (1 - c) · p_(i) / (1 - p_(1)))`` (the children's
-  confidences sum to at most 1, and a sibling never ranks before the first child; without
-  a head, ``c = p_(1)`` and this is ``p_(i)``).
+  acceptance of the node's *first* child; the i-th child gets ``c · p_(i) / p_(1)``, the
+  head's calibration carried to the siblings by the draft distribution's ratios, never above
+  the first child's (so a sibling never ranks before it). (DESIGN §9.1 says why this rule).
 - **DFlash** (no Markov head, no confidence head): the children of every node at depth d
   are the top ``k_d`` of ``softmax(U_d)``, each with confidence ``p_d(x_i)``.
 
@@ -94,12 +92,9 @@ def build_trees(slots: SlotScores, config: TreeConfig) -> TreeBlock:
         ids, p_kids, rows = _children(logits, k, slots)  # [R, n, k] draft ids, [R, n, k], [R, n, k, V]
         child_tokens = ids if slots.draft_ids is None else slots.draft_ids[ids]  # target ids
         c = p_kids  # a backbone alone: the draft probability p_(i)
-        if slots.confidence is not None:  # the head's c for the first child, its rest for the siblings
-            c_head = slots.confidence(d, prev).double().clamp(0.0, 1.0).unsqueeze(-1)  # [R, n, 1]
-            rest = (1.0 - p_kids[..., :1]).clamp_min(1e-12)  # [R, n, 1]: p_d's mass off the first child
-            # capped at c: a sibling never ranks before the first child (scheduler/tree_budget.py)
-            siblings = torch.minimum((1.0 - c_head) * p_kids[..., 1:] / rest, c_head)
-            c = torch.cat([c_head, siblings], dim=-1)  # [R, n, k]
+        if slots.confidence is not None:  # the head's c for the first child, scaled by p_(i) / p_(1)
+            c_head = slots.confidence(d, prev).double().clamp(0.0, 1.0)  # [R, n]
+            c = c_head.unsqueeze(-1) * p_kids / p_kids[..., :1]  # [R, n, k]: never above the first child's
         tokens.append(child_tokens.reshape(R, n * k))  # parent-major, siblings in try order
         parents.append(where.unsqueeze(-1).expand(R, n, k).reshape(R, n * k))
         confs.append(c.reshape(R, n * k))

@@ -68,8 +68,8 @@ def test_dspark_children_follow_their_parents_markov_bias(target):
     survival = trees.survival()[0]  # a child never survives more than its parent
     parent_survival = torch.where(trees.parents[0] >= 0, survival[trees.parents[0].clamp_min(0)], 1.0)
     assert bool((survival <= parent_survival + 1e-12).all())
-    siblings = trees.confidences[0, :3]  # the head's c for the first child, the rest for the others
-    assert float(siblings.sum()) <= 1.0 + 1e-9 and bool((siblings[2:] <= siblings[1]).all())
+    siblings = trees.confidences[0, :3]  # the head's c for the first child, lower for the others
+    assert bool((siblings[1:] <= siblings[0]).all())
 
 
 def test_dflash_children_are_the_same_at_every_node(target):
