@@ -6,46 +6,33 @@ from __future__ import annotations
 import argparse
 
 
-def positive_int(text: str) -> int:
+def _checked(text: str, convert, ok, expected: str):
+    """``convert(text)`` if it parses and ``ok`` accepts it, else a usage error naming ``expected``."""
     try:
-        value = int(text)
+        value = convert(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if not ok(value):  # NaN fails every comparison: refused too
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _checked(text, int, lambda v: v >= 1, "a positive integer")
 
 
 def non_negative_int(text: str) -> int:
     """An integer >= 0 (a seed)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
+    return _checked(text, int, lambda v: v >= 0, "an integer >= 0")
 
 
 def positive_float(text: str) -> float:
     """A finite number > 0 (a learning rate): ``nan`` and ``inf`` are refused."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < value < float("inf"):  # also rejects NaN
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
-    return value
+    return _checked(text, float, lambda v: 0 < v < float("inf"), "a finite number > 0")
 
 
 def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value >= 0:  # also rejects NaN
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
-    return value
+    return _checked(text, float, lambda v: v >= 0, "a number >= 0")
 
 
 def json_object(text: str) -> dict:
