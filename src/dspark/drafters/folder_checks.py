@@ -75,6 +75,11 @@ def check_config_fields(raw: dict[str, Any], where: Path, error: type[DsparkErro
     ids = raw.get("target_layer_ids")
     if ids is not None and not (isinstance(ids, list) and all(_is_int(i) for i in ids)):
         problems.append(f"target_layer_ids {ids!r} must be a list of integers")
+    inter = raw.get("intermediate_size")  # an integer, or one per layer in some families
+    if inter is not None and not all(
+        _is_int(v) and v >= 1 for v in (inter if isinstance(inter, list) else [inter])
+    ):
+        problems.append(f"intermediate_size {inter!r} must be an integer >= 1 (or a list of them)")
     rope = raw.get("rope_parameters")  # transformers 5 nests rope_theta here
     for fields in (raw, rope if isinstance(rope, dict) else {}):
         for name in _POSITIVE_FIELDS:

@@ -42,6 +42,7 @@ BROKEN = {
         "rope_theta",
     ),
     "rope_theta 0": (lambda r: r.update(rope_theta=0), "rope_theta"),
+    "intermediate_size 0": (lambda r: r.update(intermediate_size=0), "intermediate_size"),
 }
 
 
