@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,7 @@ NEEDED = ("llama-speculative-simple", "llama-completion", "llama-tokenize")
 BUILD_HINT = "bash .ci/llamacpp_build.sh (builds llama.cpp's CPU binaries once, ~15 min on 2 cores)"
 CONTEXT = 2048
 TIMEOUT_S = 600
+TRIES = 8
 
 
 def llamacpp_bin() -> Path | None:
@@ -40,10 +42,13 @@ def require_bin() -> Path:
 
 
 def _run(args: list[str], needs: str = "") -> subprocess.CompletedProcess:
-    """Run a binary; retried (twice) when its log lacks ``needs`` (a regex): llama.cpp writes its
-    log from a thread it never joins at exit, so on a loaded machine the last lines (the
-    counts and timings) are sometimes lost (the note above ``common_log_main`` in common/log.cpp)."""
-    for _ in range(3):
+    """Run a binary; rerun (up to :data:`TRIES` times) when its log lacks ``needs`` (a regex):
+    llama.cpp writes stdout and stderr from one log thread it never joins at exit, so on a
+    loaded machine the tail of both is sometimes lost (the note above ``common_log_main`` in
+    common/log.cpp). The line looked for is logged last, so once it is there, all is."""
+    for attempt in range(TRIES):
+        if attempt:
+            time.sleep(1.0)
         done = subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
         if done.returncode != 0:
             raise AssertionError(f"{Path(args[0]).name} failed ({done.returncode}):\n{done.stderr[-3000:]}")
