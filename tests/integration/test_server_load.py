@@ -8,6 +8,8 @@ import time
 import httpx
 import pytest
 
+from dspark.engine import Engine, EngineConfig
+from dspark.engine.worker import EngineWorker
 from dspark.targets import TargetAdapter
 
 from .server_harness import make_worker, scrape, serving
@@ -144,14 +146,34 @@ class ExplodingDrafter:
         pass
 
 
-def test_dead_engine_is_503(target):
+def test_a_failing_drafter_fails_its_requests_not_the_server(target):
     with (
         serving(make_worker(target, drafter=ExplodingDrafter()), max_queue=4) as url,
         httpx.Client(timeout=30) as client,
     ):
+        for _ in range(2):  # the first failure left the engine serving
+            r = client.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 5})
+            assert r.status_code == 500 and "drafter exploded" in r.json()["error"]["message"]
+            assert client.get(f"{url}/health").status_code == 200
+        assert scrape(client, url)["dspark_engine_alive"] == 1
+
+
+class EngineWithABrokenLoop(Engine):
+    """An engine whose step fails outside any request (admission, say): the loop itself dies."""
+
+    def step(self):
+        raise RuntimeError("engine loop bug")
+
+
+def test_dead_engine_is_503(target):
+    engine = EngineWithABrokenLoop(target, None, EngineConfig(max_batch=4, max_seq_len=128))
+    with (
+        serving(EngineWorker(engine, idle_wait_s=0.01), max_queue=4) as url,
+        httpx.Client(timeout=30) as client,
+    ):
         assert client.get(f"{url}/health").status_code == 200
         r = client.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 5})
-        assert r.status_code == 503 and "drafter exploded" in r.json()["error"]["message"]
+        assert r.status_code == 503 and "engine loop bug" in r.json()["error"]["message"]
         health = client.get(f"{url}/health")
         assert health.status_code == 503 and health.json()["error"]["type"] == "service_unavailable"
         for stream in (False, True):
