@@ -114,3 +114,15 @@ def test_the_file_reads_back_bit_identical(target, tmp_path):
     for name, t in content.tensors.items():
         assert torch.equal(back.tensors[name], t), name
     assert back.metadata["tokenizer.ggml.tokens"][:2] == ["t0", "t1"]
+
+
+def test_a_target_dspark_cannot_write_is_refused_with_the_reason(tmp_path):
+    import json
+
+    from dspark.drafters.export.gguf_target import target_content
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(
+        ExportError, match=r"^llama\.cpp cannot load this drafter .*Qwen3 targets only, not 'llama'"
+    ):
+        target_content(tmp_path)

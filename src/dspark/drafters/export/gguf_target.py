@@ -27,8 +27,9 @@ TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED = 1, 3, 4
 
 def refuse_target(why: str) -> ExportError:
     return ExportError(
-        f"dspark cannot write a llama.cpp GGUF of this target: {why}; convert it with llama.cpp's "
-        "convert_hf_to_gguf.py and pass that GGUF's tokenizer"
+        f"llama.cpp cannot load this drafter (--format gguf): its draft file carries the target GGUF's "
+        f"tokenizer, and dspark writes no GGUF of this target ({why}); it knows SmolLM2's and writes "
+        "Qwen3 targets with a byte-level BPE tokenizer, like the embedded tiny one"
     )
 
 
