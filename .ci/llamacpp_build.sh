@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Build (once per machine) llama.cpp's CPU binaries from the sources vendored in the PyPI
 # sdist llama-cpp-python==0.3.36, for tests/interop/test_llamacpp_*.py and
-# `dspark bench llamacpp`. Idempotent: a build whose ready marker names this sdist's sha256
+# scripts/bench_llamacpp_serve.py. Idempotent: a build whose ready marker names this sdist's sha256
 # and whose binaries run is reused as is. Release, CPU only, static, no tests/examples
-# beyond the targets listed; -DGGML_NATIVE=ON because the cache is per machine.
+# beyond the targets listed (llama-server is not built: CI does not need it, and it would
+# add minutes; `cmake --build "$ROOT/build" --target llama-server` adds it); -DGGML_NATIVE=ON
+# because the cache is per machine. Ninja when present, make otherwise.
 # Prints the bin directory on its last line.
 set -euo pipefail
 VERSION=0.3.36
@@ -39,7 +41,9 @@ if [[ ! -f "$ROOT/src/CMakeLists.txt" ]]; then
   rm -rf "$ROOT/unpack"
 fi
 JOBS="$(nproc)"
-cmake -S "$ROOT/src" -B "$ROOT/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+GENERATOR=()
+if [[ ! -f "$ROOT/build/CMakeCache.txt" ]] && command -v ninja >/dev/null; then GENERATOR=(-G Ninja); fi
+cmake -S "$ROOT/src" -B "$ROOT/build" "${GENERATOR[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
   -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_APP=OFF >&2
 cmake --build "$ROOT/build" -j "$JOBS" --target "${TARGETS[@]}" >&2
