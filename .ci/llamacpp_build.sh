@@ -3,9 +3,9 @@
 # sdist llama-cpp-python==0.3.36, for tests/interop/test_llamacpp_*.py and
 # scripts/bench_llamacpp_serve.py. Idempotent: a build whose ready marker names this sdist's sha256
 # and whose binaries run is reused as is. Release, CPU only, static, no tests/examples
-# beyond the targets listed (llama-server is not built: CI does not need it, and it would
-# add minutes; `cmake --build "$ROOT/build" --target llama-server` adds it); -DGGML_NATIVE=ON
-# because the cache is per machine. Ninja when present, make otherwise.
+# beyond the targets listed; more targets as arguments (`bash .ci/llamacpp_build.sh llama-server`:
+# CI does not build the server, which would add minutes). -DGGML_NATIVE=ON because the cache is
+# per machine. Ninja when present, make otherwise.
 # Prints the bin directory on its last line.
 set -euo pipefail
 VERSION=0.3.36
@@ -13,9 +13,9 @@ SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 ROOT="${DSPARK_LLAMACPP_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/dspark/llama.cpp-$VERSION}"
 BIN="$ROOT/build/bin"
 MARKER="$ROOT/.dspark-ready"
-TARGETS=(llama-completion llama-speculative-simple llama-bench llama-quantize llama-tokenize)
+TARGETS=(llama-completion llama-speculative-simple llama-bench llama-quantize llama-tokenize "$@")
 ready() {
-  [[ -f "$MARKER" ]] && grep -qx "$SHA256 ${TARGETS[*]}" "$MARKER" || return 1
+  [[ -f "$MARKER" ]] && grep -qx "$SHA256" "$MARKER" || return 1
   local t
   for t in "${TARGETS[@]}"; do [[ -x "$BIN/$t" ]] || return 1; done
   "$BIN/llama-completion" --version >/dev/null 2>&1
@@ -47,7 +47,7 @@ cmake -S "$ROOT/src" -B "$ROOT/build" "${GENERATOR[@]}" -DCMAKE_BUILD_TYPE=Relea
   -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
   -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_APP=OFF >&2
 cmake --build "$ROOT/build" -j "$JOBS" --target "${TARGETS[@]}" >&2
-echo "$SHA256 ${TARGETS[*]}" > "$MARKER"
+echo "$SHA256" > "$MARKER"
 ready
 echo "llama.cpp: built $BIN in $(( $(date +%s) - started )) s" >&2
 echo "$BIN"
