@@ -66,6 +66,14 @@ SKIPS: list[tuple[str, str]] = [
         r"^dspark quickstart",
         "~12 min (full) / ~70 s (--fast): tests/integration/test_quickstart.py runs `quickstart --fast`",
     ),
+    (
+        r"\.ci/llamacpp_build\.sh",
+        "builds llama.cpp (~20-30 min on 2 cores): .ci/run builds the same binaries for tests/interop",
+    ),
+    (
+        r"\$B/llama-",
+        "llama.cpp's own server: tests/interop/test_llamacpp_drafters.py decodes that export in llama.cpp",
+    ),
     (r"^dspark build-tiny-target", "rebuilds the shipped target (~1 h on 2 cores; it would replace it)"),
     (
         r"--target smollm2",
