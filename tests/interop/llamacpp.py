@@ -59,7 +59,9 @@ def _run(args: list[str], needs: str = "") -> subprocess.CompletedProcess:
 
 def tokenize(bin_dir: Path, model: Path, text: str) -> list[int]:
     """llama.cpp's token ids of ``text`` (special tokens parsed, as its examples do)."""
-    done = _run([str(bin_dir / "llama-tokenize"), "-m", str(model), "-p", text, "--ids", "--log-disable"])
+    # --no-escape: llama.cpp's tools turn "\\n" in a prompt into a newline unless told not to
+    args = ["-m", str(model), "-p", text, "--ids", "--log-disable", "--no-escape"]
+    done = _run([str(bin_dir / "llama-tokenize"), *args])
     return [int(x) for x in re.findall(r"-?\d+", done.stdout.strip().splitlines()[-1])]
 
 
@@ -87,7 +89,7 @@ def plain_run(
         [
             str(bin_dir / "llama-completion"), "-m", str(model), "-p", prompt, "-n", str(max_tokens),
             "--temp", str(temp), "--seed", "0", "-t", str(threads), "-c", str(CONTEXT), "-no-cnv",
-            "--simple-io", "--no-display-prompt",
+            "--simple-io", "--no-display-prompt", "--no-escape",
         ],
         needs=r"\beval time =",
     )  # fmt: skip
@@ -143,7 +145,7 @@ def speculative(
             str(bin_dir / "llama-speculative-simple"), *model_args,
             "--spec-type", spec_type, "--spec-draft-n-max", str(n_max), "--spec-draft-p-min", str(p_min),
             "-p", prompt, "-n", str(max_tokens), "--temp", str(temp), "--seed", "0",
-            "-t", str(threads), "-td", str(threads), "-c", str(CONTEXT),
+            "-t", str(threads), "-td", str(threads), "-c", str(CONTEXT), "--no-escape",
         ],
         needs=r"n_accept\s*=",
     )  # fmt: skip

@@ -21,6 +21,7 @@ AWKWARD = (
     "Ünïcödé — naïve café 3.14159 × 10^-3\t\ttabs",
     "def f(a):\n\tif a:\n\t\treturn 'it''s'  # done\n",
     "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+    r"print('a\nb') and $\frac{1}{2} \overline{AB}$",  # backslashes stay text, as in LaTeX and code
 )
 
 
