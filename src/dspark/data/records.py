@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,9 @@ class JsonlAppender:
         self.close()
 
 
+SHARED_TRIES = 50  # a shared writer's attempts, 10 ms apart, before an exclusive holder refuses it
+
+
 class WriterLock:
     """Exclusive right to append to ``path``: a second holder gets a :class:`DsparkError` at once.
 
@@ -137,6 +141,19 @@ class WriterLock:
         self._fd = -1
 
     def __enter__(self) -> WriterLock:
+        # A shared writer holds the lock exclusively for an instant while it looks for others
+        # (``alone``): another shared writer starting in that instant tries again, briefly.
+        tries = SHARED_TRIES if self.shared else 1
+        for attempt in range(tries):
+            try:
+                return self._take()
+            except DsparkError:
+                if attempt == tries - 1:
+                    raise
+                time.sleep(0.01)
+        raise AssertionError("unreachable")
+
+    def _take(self) -> WriterLock:
         self.lock_path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
