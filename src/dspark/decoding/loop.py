@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -51,6 +51,52 @@ class _Request:
     generator: torch.Generator | None
     cache: TargetCache
     greedy: torch.Tensor  # [1] bool
+
+
+@dataclass
+class Transcript:
+    """What a batch-1 loop's request has emitted: each round cut by the stop rules
+    (``decoding/stopping.py``), appended, logged and streamed; then the result."""
+
+    state: SequenceState
+    params: SamplingParams
+    eos: tuple[int, ...]
+    max_new: int
+    decode: Callable[[list[int]], str] | None
+    on_tokens: OnTokens | None
+    started: float  # perf_counter at the request's start (prefill included)
+    generated: list[int] = field(default_factory=list)
+    rounds: list[RoundLog] = field(default_factory=list)
+    cut: Cut | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.cut is not None and self.cut.finish_reason is not None
+
+    def draft_budget(self, block_size: int) -> int:
+        """Drafts worth proposing: a round emits at most drafts + 1 tokens."""
+        return min(block_size, self.max_new - len(self.generated) - 1)
+
+    def commit(self, emitted: list[int], proposed: int, accepted: int) -> Cut:
+        cut = cut_round(self.generated, emitted, self.eos, self.max_new, self.params.stop, self.decode)
+        self.generated.extend(cut.tokens)
+        self.state.token_ids.extend(cut.tokens)
+        self.rounds.append(RoundLog(proposed=proposed, accepted=accepted, emitted=len(cut.tokens)))
+        if self.on_tokens is not None and cut.tokens:
+            self.on_tokens(cut.tokens)
+        self.cut = cut
+        return cut
+
+    def result(self) -> GenerationResult:
+        cut = self.cut
+        text = cut.text if cut.text is not None else (self.decode(self.generated) if self.decode else "")
+        return GenerationResult(
+            token_ids=self.generated,
+            text=text,
+            finish_reason=cut.finish_reason,
+            rounds=self.rounds,
+            seconds=time.perf_counter() - self.started,
+        )
 
 
 def _needs_features(drafter: Drafter | None) -> bool:
@@ -165,23 +211,10 @@ def speculative_generate(
     """
     started = time.perf_counter()
     req, max_new = start_request(target, drafter, prompt_ids, params, decode)
-    generated: list[int] = []
-    rounds: list[RoundLog] = []
-
-    def commit(emitted: list[int], proposed: int, accepted: int) -> Cut:
-        cut = cut_round(generated, emitted, target.eos_token_ids, max_new, params.stop, decode)
-        generated.extend(cut.tokens)
-        req.state.token_ids.extend(cut.tokens)
-        rounds.append(RoundLog(proposed=proposed, accepted=accepted, emitted=len(cut.tokens)))
-        if on_tokens is not None and cut.tokens:
-            on_tokens(cut.tokens)
-        return cut
-
-    cut = None
-    while cut is None or cut.finish_reason is None:
-        # A round emits at most K+1 tokens; never draft past the budget.
-        max_len = min(block_size, max_new - len(generated) - 1)
-        if not generated and drafter is not None and not drafts_after_prompt(drafter):
+    out = Transcript(req.state, params, target.eos_token_ids, max_new, decode, on_tokens, started)
+    while not out.finished:
+        max_len = out.draft_budget(block_size)
+        if not out.generated and drafter is not None and not drafts_after_prompt(drafter):
             max_len = 0  # its first-round drafts are never accepted (protocols.drafts_after_prompt)
         block = (
             drafter.propose([req.state], max_len, [params])
@@ -193,16 +226,9 @@ def speculative_generate(
                 "the drafter produced non-finite probabilities (corrupt drafter weights?); decoding stopped"
             )
         emitted, accepted, new_features = _round(target, drafter, req, block)
-        cut = commit(emitted, int(block.lengths[0]), accepted)
+        out.commit(emitted, int(block.lengths[0]), accepted)
         if on_round is not None:
             on_round(block, accepted)
         if drafter is not None:
             drafter.update(req.state, accepted, new_features)
-    text = cut.text if cut.text is not None else (decode(generated) if decode else "")
-    return GenerationResult(
-        token_ids=generated,
-        text=text,
-        finish_reason=cut.finish_reason,
-        rounds=rounds,
-        seconds=time.perf_counter() - started,
-    )
+    return out.result()

@@ -26,9 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dspark.decoding.loop import OnTokens, start_request
-from dspark.decoding.stopping import Cut, cut_round
-from dspark.protocols import GenerationResult, RoundLog, SamplingParams, drafts_after_prompt
+from dspark.decoding.loop import OnTokens, Transcript, start_request
+from dspark.protocols import GenerationResult, SamplingParams, drafts_after_prompt
 from dspark.sampling import batch_probs
 from dspark.sampling.tree import TreeBlock, TreeConfig, verify_tree
 from dspark.scheduler.profile import SpsTable
@@ -128,13 +127,10 @@ def tree_generate(
     """
     started = time.perf_counter()
     req, max_new = start_request(target, drafter, prompt_ids, params, decode)
-    generated: list[int] = []
-    rounds: list[RoundLog] = []
-    cut: Cut | None = None
-    while cut is None or cut.finish_reason is None:
-        # A round emits at most depth + 1 tokens; never draft past the budget.
-        max_len = min(block_size, max_new - len(generated) - 1)
-        if not generated and not drafts_after_prompt(drafter):
+    out = Transcript(req.state, params, target.eos_token_ids, max_new, decode, on_tokens, started)
+    while not out.finished:
+        max_len = out.draft_budget(block_size)  # a round emits at most depth + 1 tokens
+        if not out.generated and not drafts_after_prompt(drafter):
             max_len = 0
         if max_len > 0:
             trees = select_nodes(drafter.propose_tree([req.state], max_len, [params], config), budget)
@@ -142,18 +138,6 @@ def tree_generate(
             empty = torch.zeros(1, 0, dtype=torch.long)
             trees = TreeBlock(empty, empty, torch.zeros(1, dtype=torch.long))
         emitted, accepted, new_features = _tree_round(target, drafter, req, trees)
-        cut = cut_round(generated, emitted, target.eos_token_ids, max_new, params.stop, decode)
-        generated.extend(cut.tokens)
-        req.state.token_ids.extend(cut.tokens)
-        rounds.append(RoundLog(proposed=int(trees.sizes[0]), accepted=accepted, emitted=len(cut.tokens)))
-        if on_tokens is not None and cut.tokens:
-            on_tokens(cut.tokens)
+        out.commit(emitted, int(trees.sizes[0]), accepted)
         drafter.update(req.state, accepted, new_features)
-    text = cut.text if cut.text is not None else (decode(generated) if decode else "")
-    return GenerationResult(
-        token_ids=generated,
-        text=text,
-        finish_reason=cut.finish_reason,
-        rounds=rounds,
-        seconds=time.perf_counter() - started,
-    )
+    return out.result()

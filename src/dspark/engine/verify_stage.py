@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from dspark.decoding.stopping import cut_round
+from dspark.decoding.stopping import Cut, cut_round
 from dspark.engine.config import EngineStats
 from dspark.engine.kv import KVMemory
 from dspark.engine.payoff_drafting import PayoffDrafting
@@ -131,7 +131,7 @@ class VerifyStage:
         offset: int,
         drafted: bool,
         stats: EngineStats,
-    ):
+    ) -> tuple[TokenEvent, Cut]:
         """Commit one request's round: KV, features, tokens, stop rules, its drafter; ``(event, cut)``."""
         start = self.kv.length(req.id)
         self.kv.set_length(req.id, start + 1 + accepted)  # anchor + accepted drafts; the rest rolls back
