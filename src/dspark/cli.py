@@ -34,7 +34,7 @@ from dspark.commands import (
 )
 from dspark.commands import eval as eval_
 from dspark.commands.argtypes import positive_int
-from dspark.commands.options import HelpFormatter
+from dspark.commands.options import HelpFormatter, Parser
 from dspark.errors import DsparkError
 
 AddArgs = Callable[[argparse.ArgumentParser], None]
@@ -68,7 +68,7 @@ COMMANDS: dict[str, tuple[AddArgs, Main]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="dspark",
         description="Lossless speculative decoding: train, evaluate and serve drafters.",
         formatter_class=HelpFormatter,

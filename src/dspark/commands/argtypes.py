@@ -4,6 +4,10 @@ one-line usage error naming the flag, never a traceback."""
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
+
+from dspark.drafters.registry import available
 
 
 def _checked(text: str, convert, ok, expected: str):
@@ -33,6 +37,52 @@ def positive_float(text: str) -> float:
 
 def non_negative_float(text: str) -> float:
     return _checked(text, float, lambda v: v >= 0, "a number >= 0")
+
+
+def probability(text: str) -> float:
+    """A probability mass in (0, 1] (``--top-p``)."""
+    return _checked(text, float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+
+
+def _looks_like_path(text: str) -> bool:
+    """``/x``, ``./x``, ``~/x``, ``a/b/c``: a local path, never a hub id (``org/name``) or a name."""
+    return text.startswith(("/", ".", "~")) or text.count("/") > 1 or (os.sep != "/" and os.sep in text)
+
+
+def target_spec(text: str) -> str:
+    """``--target``: a name (``tiny``, ``smollm2``), a hub id (``org/name``) or a model folder.
+
+    A path that does not exist, or is not a folder, is refused here, before anything loads.
+    """
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a file, not a model folder")
+    if not path.exists() and _looks_like_path(text):
+        raise argparse.ArgumentTypeError(f"no such model folder: {text!r}")
+    return text
+
+
+def drafter_spec(text: str) -> str:
+    """``--drafter``: a registered name or an existing drafter folder, checked before anything loads."""
+    if text in ("", *available()):
+        return text
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return text
+    if path.exists():
+        raise argparse.ArgumentTypeError(f"{text!r} is a file, not a drafter folder")
+    if _looks_like_path(text) or "/" in text:
+        raise argparse.ArgumentTypeError(f"no such drafter folder: {text!r}")
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is neither a registered drafter ({', '.join(available())}) nor an existing folder"
+    )
+
+
+def drafter_specs(text: str) -> str:
+    """``--drafters A,LABEL=B,...``: every drafter as :func:`drafter_spec` checks it; the text unchanged."""
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        drafter_spec(item.partition("=")[2] if "=" in item else item)
+    return text
 
 
 def json_object(text: str) -> dict:

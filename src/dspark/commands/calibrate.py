@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from dspark.commands.argtypes import drafter_spec
 from dspark.commands.eval import (
     add_decoding_args,
     add_target_args,
@@ -23,6 +24,7 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--drafter",
         required=True,
+        type=drafter_spec,
         help=f"a drafter with a confidence head: a registered trained drafter ({', '.join(TRAINABLE)}; "
         "shipped for the tiny target, only dspark has the head) or a drafter folder",
     )

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from dspark.commands.argtypes import drafter_spec
 from dspark.commands.options import add_target
 from dspark.drafters.registry import TRAINABLE
 from dspark.errors import DsparkError
@@ -31,6 +32,7 @@ def add_export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--drafter",
         required=True,
+        type=drafter_spec,
         metavar="NAME_OR_FOLDER",
         help=f"a trained drafter: {', '.join(TRAINABLE)} (shipped for the tiny target) or a drafter folder",
     )

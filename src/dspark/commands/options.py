@@ -10,10 +10,27 @@ from __future__ import annotations
 
 import argparse
 
-from dspark.commands.argtypes import json_object, non_negative_float, positive_int
+from dspark.commands.argtypes import (
+    drafter_spec,
+    drafter_specs,
+    json_object,
+    non_negative_float,
+    non_negative_int,
+    positive_int,
+    probability,
+    target_spec,
+)
 from dspark.drafters.registry import available
 
 TARGET_HELP = "HF model folder or hub id (default: the embedded tiny target)"
+
+
+class Parser(argparse.ArgumentParser):
+    """A usage error is one line, ``dspark: error: ...``, like every other error a user can make
+    (argparse's default prints the whole usage block first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"dspark: error: {message} (see `{self.prog} --help`)\n")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -38,7 +55,7 @@ def drafter_names(*, with_none: bool = True) -> str:
 
 
 def add_target(p: argparse.ArgumentParser, *, help: str = TARGET_HELP) -> None:
-    p.add_argument("--target", default=None, help=help)
+    p.add_argument("--target", type=target_spec, default=None, help=help)
 
 
 def add_device(p: argparse.ArgumentParser) -> None:
@@ -84,6 +101,7 @@ def add_drafter(
         "--drafter",
         default=default,
         required=default is None,
+        type=drafter_spec,
         metavar="NAME_OR_FOLDER",
         help=f"a registered drafter ({names}; the trained ones are shipped for the tiny target) "
         f"or a drafter folder{tail}",
@@ -95,6 +113,7 @@ def add_drafters(p: argparse.ArgumentParser, *, default: str | None = None, labe
     extra = ", or LABEL=NAME_OR_PATH" if labels else ""
     p.add_argument(
         "--drafters",
+        type=drafter_specs,
         default=default,
         required=default is None,
         help=f"comma-separated drafters: registered names ({drafter_names()}), drafter folders{extra}",
@@ -104,8 +123,10 @@ def add_drafters(p: argparse.ArgumentParser, *, default: str | None = None, labe
 def add_sampling(p: argparse.ArgumentParser, *, seed_help: str = "seed for reproducible sampling") -> None:
     """Temperature, top-p, top-k and seed, as the server's request fields (DESIGN §10)."""
     p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]")
-    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=probability, default=1.0, help="nucleus sampling mass in (0, 1]")
+    p.add_argument(
+        "--top-k", type=non_negative_int, default=0, help="keep the k most likely tokens (0 = off)"
+    )
     p.add_argument("--seed", type=int, default=None, help=seed_help)
 
 

@@ -1,0 +1,103 @@
+"""Mistakes that need no model fail at parse time: one ``dspark: error:`` line, nothing loaded.
+
+The loaders are patched to raise, so a check that ran only after loading would fail these
+tests with the loader's error instead of the expected line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import pytest
+
+from dspark.cli import main
+from dspark.commands import argtypes
+
+MISSING = "/no/such/path"
+CASES = [
+    (["generate", "--prompt", "hi", "--drafter", MISSING], "--drafter", "no such drafter folder"),
+    (["generate", "--prompt", "hi", "--target", "/nonexistent"], "--target", "no such model folder"),
+    (["generate", "--prompt", "hi", "--top-p", "2"], "--top-p", "(0, 1]"),
+    (["generate", "--prompt", "hi", "--top-p", "0"], "--top-p", "(0, 1]"),
+    (["generate", "--prompt", "hi", "--temperature", "-1"], "--temperature", ">= 0"),
+    (["generate", "--prompt", "hi", "--max-tokens", "0"], "--max-tokens", "positive integer"),
+    (["generate", "--prompt", "hi", "--top-k", "-3"], "--top-k", ">= 0"),
+    (["serve", "--drafter", MISSING], "--drafter", "no such drafter folder"),
+    (["serve", "--target", "./no-such-target"], "--target", "no such model folder"),
+    (["eval", "--drafters", f"dspark,mine={MISSING}", "--out", "{tmp}/e"], "--drafters", MISSING),
+    (["eval", "--drafters", "ngram", "--target", "/nonexistent", "--out", "{tmp}/e"], "--target", "folder"),
+    (["calibrate", "--drafter", MISSING, "--out", "{tmp}/c"], "--drafter", "no such drafter folder"),
+    (["export", "--format", "hf", "--drafter", MISSING, "--out", "{tmp}/x"], "--drafter", "no such"),
+    (["bench", "decode", "--drafters", f"none,{MISSING}"], "--drafters", "no such drafter folder"),
+    (["bench", "serve", "--target", "/nonexistent"], "--target", "no such model folder"),
+    (["bench", "round", "--drafter", MISSING], "--drafter", "no such drafter folder"),
+    (
+        ["data", "regenerate", "--prompts", "math", "--out", "{tmp}/a.jsonl", "--drafter", MISSING],
+        "--drafter",
+        "no such drafter folder",
+    ),  # fmt: skip
+]
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """Loading a target or a drafter fails the test."""
+    from dspark.drafters import registry
+    from dspark.targets import TargetAdapter
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(TargetAdapter, "from_pretrained", refuse)
+    monkeypatch.setattr(registry, "build_drafter", refuse)
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag", "needle"), CASES, ids=lambda v: " ".join(v) if isinstance(v, list) else ""
+)
+def test_a_mistake_is_one_line_before_anything_loads(tmp_path, capsys, no_loading, argv, flag, needle):
+    started = time.perf_counter()
+    with pytest.raises(SystemExit) as exc:
+        main(["--threads", "1", *(a.format(tmp=tmp_path) for a in argv)])
+    seconds = time.perf_counter() - started
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert err.startswith(f"dspark: error: argument {flag}: ") and err.count("\n") == 1, err
+    assert needle in err and "unknown drafter" not in err, err
+    assert seconds < 2, f"{seconds:.1f} s: the check ran after something slow"
+    assert not any(tmp_path.iterdir())  # no output folder claimed either
+
+
+def test_a_missing_folder_is_not_called_an_unknown_drafter():
+    with pytest.raises(argparse.ArgumentTypeError, match="no such drafter folder: './runs/dspark/drafter'"):
+        argtypes.drafter_spec("./runs/dspark/drafter")
+    with pytest.raises(argparse.ArgumentTypeError, match="neither a registered drafter"):
+        argtypes.drafter_spec("dspak")  # a typo of a name, not a path
+
+
+def test_what_exists_or_names_a_hub_model_passes(tmp_path):
+    (tmp_path / "drafter").mkdir()
+    (tmp_path / "file").write_text("x")
+    assert argtypes.drafter_spec(str(tmp_path / "drafter")) == str(tmp_path / "drafter")
+    assert argtypes.drafter_spec("dspark") == "dspark" and argtypes.drafter_spec("none") == "none"
+    assert (
+        argtypes.drafter_specs(f"ngram,mine={tmp_path / 'drafter'}") == f"ngram,mine={tmp_path / 'drafter'}"
+    )
+    for spec in ("tiny", "smollm2", "Qwen/Qwen3-8B", "gpt2", str(tmp_path)):
+        assert argtypes.target_spec(spec) == spec  # names and hub ids are left to the loader
+    with pytest.raises(argparse.ArgumentTypeError, match="a file, not a model folder"):
+        argtypes.target_spec(str(tmp_path / "file"))
+    with pytest.raises(argparse.ArgumentTypeError, match="a file, not a drafter folder"):
+        argtypes.drafter_spec(str(tmp_path / "file"))
+
+
+@pytest.mark.parametrize("text", ["0.5", "1", "1e-3"])
+def test_top_p_takes_a_mass_in_zero_one(text):
+    assert argtypes.probability(text) == float(text)
+
+
+@pytest.mark.parametrize("text", ["0", "-0.1", "1.01", "nan", "inf", "x"])
+def test_top_p_refuses_what_is_not_a_mass(text):
+    with pytest.raises(argparse.ArgumentTypeError, match=r"\(0, 1\]"):
+        argtypes.probability(text)
