@@ -31,9 +31,9 @@ import torch
 from dspark.commands.loading import load_target, training_records
 from dspark.data.samples import collate, tokenize_records
 from dspark.drafters.draft_vocab import choose_draft_ids, with_draft_vocab
-from dspark.drafters.folder import WEIGHTS_NAME, save_drafter
 from dspark.drafters.kinds import kind_of_config
 from dspark.drafters.objective import acceptance_metrics, compute_loss
+from dspark.formats.folder import WEIGHTS_NAME, save_drafter
 from dspark.presets import drafters as presets
 from dspark.protocols import SamplingParams, SequenceState
 from dspark.training.online import target_batch

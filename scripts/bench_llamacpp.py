@@ -156,7 +156,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def build_methods(args, targets: dict, gguf: Path) -> dict:
     """name -> decode function, llama.cpp plain first (the baseline)."""
     from dspark.commands.loading import parse_drafter_specs
-    from dspark.drafters.registry import build_drafter
+    from dspark.formats.build import build_drafter
 
     eos = set(targets["float32"].eos_token_ids)
     spec = targets[args.spec_dtype]

@@ -129,8 +129,8 @@ def dspark_engine(target_name: str, drafter_source: str, texts, args, threads: i
     import torch
 
     from dspark.commands.loading import load_target
-    from dspark.drafters.registry import build_drafter
     from dspark.engine import Engine, EngineConfig
+    from dspark.formats.build import build_drafter
     from dspark.protocols import SamplingParams
 
     torch.set_num_threads(threads)

@@ -19,8 +19,8 @@ import torch
 
 from dspark.commands.loading import load_target
 from dspark.drafters.draft_vocab import with_draft_vocab
-from dspark.drafters.folder import WEIGHTS_NAME, load_drafter, save_drafter
 from dspark.drafters.kinds import kind_of_config
+from dspark.formats.folder import WEIGHTS_NAME, load_drafter, save_drafter
 from dspark.presets import drafters as presets
 
 

@@ -21,8 +21,8 @@ import torch
 from dspark.commands.loading import load_inference_target
 from dspark.data.chat import prompt_ids
 from dspark.data.prompts import load_prompts
-from dspark.drafters.registry import build_drafter
 from dspark.engine import Engine, EngineConfig
+from dspark.formats.build import build_drafter
 from dspark.protocols import SamplingParams, drafts_after_prompt
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -34,7 +34,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("protocols", "distributed", "output_folders", "conditions", "__init__"),
     ("sampling", "heads", "targets", "scheduler", "calibration", "tiny"),
     ("decoding", "drafters"),
-    ("engine", "presets"),
+    ("engine", "presets", "formats"),
     ("data",),
     ("training",),
     ("eval", "server"),

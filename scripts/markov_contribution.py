@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from dspark.drafters.registry import build_drafter
 from dspark.eval.benchmarks import load_benchmark
 from dspark.eval.report import write_eval_report
 from dspark.eval.runner import EvalConfig, run_eval
+from dspark.formats.build import build_drafter
 from dspark.presets.tiny import tiny_target_dir
 from dspark.targets import TargetAdapter
 

@@ -14,7 +14,7 @@ drafters (~25 MB each) never enter git. In the package a file over ``--max-mb`` 
 The records go to the package's ``SHIPPED.json`` beside the target's folders (beside the
 drafters when ``--dest`` is given; or ``--records``): how each was trained (steps, epochs,
 training tokens, expected τ on the campaign's fixed samples, the last real τ), its learning curve
-(:mod:`dspark.drafters.shipped_record`), its target's fingerprint and the sha256 of its
+(:mod:`dspark.formats.shipped_record`), its target's fingerprint and the sha256 of its
 files. Records of methods not shipped this time are kept as they are. Commit the records
 (and, for the tiny target, the weights) once, when final.
 """
@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if ns.records is None:  # the package's records, unless the drafters go to a folder named here
         ns.records = (ns.dest or PACKAGE) / ns.target / "SHIPPED.json"
     if ns.dest is None:
-        from dspark.drafters.shipped import store_root
+        from dspark.formats.shipped import store_root
 
         ns.dest = PACKAGE if ns.target == "tiny" else store_root()
     return ns
@@ -58,7 +58,7 @@ def record_for(campaign: Path, method: str, folder: Path):
     """The ``SHIPPED.json`` record of ``method``'s finished training stage in ``campaign``,
     shipped as ``folder``."""
     from dspark.campaign.progress import read_curve
-    from dspark.drafters.shipped_record import ShippedRecord, curve_from_log, file_digests, target_record
+    from dspark.formats.shipped_record import ShippedRecord, curve_from_log, file_digests, target_record
 
     summary = json.loads((campaign / "stages" / f"train-{method}.json").read_text())["summary"]
     cache = json.loads((campaign / "stages" / "cache.json").read_text())["summary"]
@@ -88,8 +88,8 @@ def record_for(campaign: Path, method: str, folder: Path):
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from dspark.drafters.folder import load_drafter, save_drafter
     from dspark.durable import write_atomic
+    from dspark.formats.folder import load_drafter, save_drafter
     from dspark.presets.tiny import resolve_target
     from dspark.targets import TargetAdapter
 

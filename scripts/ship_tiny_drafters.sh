@@ -20,7 +20,7 @@ train() {
     --batch-size 8 --micro-batch-size 4 --num-anchors 64 --max-length 512 --lr 1e-3 \
     --save-every 100 --eval-every 100 --seed 0 > "$RUNS/$method.log" 2>&1
   echo "$method $(( $(date +%s) - start )) s" >> "$RUNS/wall_times.txt"
-  python -c "import torch; from dspark.drafters.folder import convert_folder; \
+  python -c "import torch; from dspark.formats.folder import convert_folder; \
 convert_folder('$RUNS/$method/drafter', 'src/dspark/assets/drafters/tiny/$method', torch.bfloat16)"
 }
 for method in dflash dspark eagle3; do train "$method" & done

@@ -93,8 +93,8 @@ def join_drafters(results: dict, dest: Path) -> tuple[str | None, list[str], str
 
 def install(target: str, methods: list[str], dest: Path, records_path: Path) -> list[str]:
     """Copy ``methods`` into the store after checking their files against the device's record."""
-    from dspark.drafters.shipped import store_root
     from dspark.durable import write_atomic
+    from dspark.formats.shipped import store_root
 
     device_records = json.loads((dest / "artifacts" / "smollm2_campaign" / "SHIPPED.json").read_text())
     records = json.loads(records_path.read_text()) if records_path.is_file() else {}

@@ -215,7 +215,7 @@ def pack_campaign(ctx: Context, work: Path) -> dict:
 def _control(records: Path, target: str) -> dict:
     """GPU DSpark against the CPU-trained one the package records: the two trainings agree
     when their validation expected τ (same samples, same budget) are close."""
-    from dspark.drafters.shipped_record import read_records
+    from dspark.formats.shipped_record import read_records
 
     gpu = json.loads(records.read_text()).get("dspark")
     cpu = read_records(ROOT / "src" / "dspark" / "assets" / "drafters" / target).get("dspark")
@@ -231,8 +231,8 @@ def speed(ctx: Context) -> dict:
     """Tokens/s of the engine at batch 1 and batched, each trained drafter against plain decoding."""
     from dspark.data.chat import prompt_ids
     from dspark.data.prompts import load_prompts
-    from dspark.drafters.folder import load_drafter
     from dspark.engine.step_costs import engine_overhead
+    from dspark.formats.folder import load_drafter
     from dspark.presets.tiny import resolve_target
     from dspark.targets import TargetAdapter
 

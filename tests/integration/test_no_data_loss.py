@@ -9,8 +9,8 @@ import torch
 
 from dspark.cli import main
 from dspark.drafters.dspark import DSparkConfig
-from dspark.drafters.folder import load_drafter, save_drafter
 from dspark.drafters.kinds import KINDS
+from dspark.formats.folder import load_drafter, save_drafter
 from dspark.output_folders import MARKER, OutputFolderError, check_replaceable
 from dspark.targets import TargetAdapter
 
@@ -98,7 +98,7 @@ def test_train_does_not_replace_a_foreign_drafter_subfolder(tmp_path):
         check_replaceable(
             foreign, command="train", inputs=[tmp_path / "run" / "checkpoints" / "step_00000001"]
         )
-    from dspark.drafters.folder import publish_checkpoint
+    from dspark.formats.folder import publish_checkpoint
 
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()

@@ -13,8 +13,8 @@ import shutil
 import pytest
 
 from dspark.cli import main
-from dspark.drafters.shipped import shipped_root
-from dspark.drafters.shipped_record import MEASURE, RECORD, ShippedCurve, ShippedRecord
+from dspark.formats.shipped import shipped_root
+from dspark.formats.shipped_record import MEASURE, RECORD, ShippedCurve, ShippedRecord
 from dspark.quickstart.pipeline import REFERENCES
 from dspark.quickstart.plan import FAST, METHODS
 from dspark.quickstart.stages import Stages

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dspark.cli import main
-from dspark.drafters.folder import load_drafter
+from dspark.formats.folder import load_drafter
 from dspark.presets.tiny import tiny_target_dir
 from dspark.targets import TargetAdapter
 

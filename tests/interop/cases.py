@@ -30,7 +30,7 @@ from dspark.drafters.attention import rope_cos_sin
 from dspark.drafters.dflash import DFlashConfig, DFlashDrafter
 from dspark.drafters.dspark import DSparkConfig, DSparkDrafter
 from dspark.drafters.eagle3 import Eagle3Config, Eagle3Drafter
-from dspark.drafters.export import LAYOUTS, ExportError, export_drafter
+from dspark.formats.export import LAYOUTS, ExportError, export_drafter
 from dspark.targets import TargetAdapter
 
 DIMS = dict(

@@ -64,8 +64,8 @@ def prompts(tiny) -> list[tuple[str, list[int]]]:
 @pytest.fixture(scope="module")
 def exports(tiny, tmp_path_factory) -> dict[str, Path]:
     """Each method's ``--format gguf`` export folder (fp32)."""
-    from dspark.drafters.export import export_drafter
-    from dspark.drafters.registry import build_drafter
+    from dspark.formats.build import build_drafter
+    from dspark.formats.export import export_drafter
 
     root = tmp_path_factory.mktemp("gguf")
     out = {}
@@ -77,8 +77,8 @@ def exports(tiny, tmp_path_factory) -> dict[str, Path]:
 
 def dspark_tau(target, method: str, prompts) -> tuple[float, list[list[int]]]:
     """dspark's τ (tokens per decode round) and outputs over ``prompts``, γ = BLOCK every round."""
-    from dspark.drafters.registry import build_drafter
     from dspark.engine import Engine, EngineConfig
+    from dspark.formats.build import build_drafter
     from dspark.protocols import SamplingParams
 
     config = EngineConfig(block_size=BLOCK, policy="fixed", max_batch=1, payoff=False)
@@ -132,10 +132,10 @@ def test_llamacpp_tau_matches_dspark(bin_dir, exports, prompts, dspark_taus, met
 
 def _wrong_export(tiny, folder: Path, root: Path, how: str) -> Path:
     """The DSpark drafter's draft GGUF written wrong in one way (a negative control)."""
-    from dspark.drafters.export.gguf_draft import draft_content
-    from dspark.drafters.export.gguf_file import read_gguf, write_gguf
-    from dspark.drafters.folder import drafter_config_json
-    from dspark.drafters.registry import build_drafter
+    from dspark.formats.build import build_drafter
+    from dspark.formats.export.gguf_draft import draft_content
+    from dspark.formats.export.gguf_file import read_gguf, write_gguf
+    from dspark.formats.folder import drafter_config_json
 
     drafter = build_drafter("dspark", tiny)
     config = drafter_config_json(drafter, tiny)

@@ -1,7 +1,7 @@
 """The tiny target's GGUF tokenizes real prompts to dspark's ids in llama.cpp (issue 35).
 
 dspark writes the embedded tiny target as llama.cpp's ``gpt2`` vocabulary with the
-``gpt-2`` pre-tokenizer (``drafters/export/gguf_target.py``); a drafter is only served
+``gpt-2`` pre-tokenizer (``formats/export/gguf_target.py``); a drafter is only served
 right if llama.cpp feeds the target the ids the drafter was trained on, so this pins
 ``llama-tokenize`` against the HF tokenizer on every built-in prompt (through the chat
 template, as dspark feeds them) and on raw texts with awkward whitespace and digits.
@@ -46,7 +46,7 @@ def _texts(tokenizer) -> list[tuple[str, list[int]]]:
 def test_tiny_target_gguf_tokenizes_like_dspark(bin_dir, tmp_path):
     from transformers import AutoTokenizer
 
-    from dspark.drafters.export.gguf_target import write_target_gguf
+    from dspark.formats.export.gguf_target import write_target_gguf
     from dspark.presets.tiny import tiny_target_dir
 
     folder = Path(tiny_target_dir())

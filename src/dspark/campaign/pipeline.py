@@ -31,8 +31,8 @@ from dspark.campaign.plan import METHODS, CampaignPlan
 from dspark.campaign.plateau import plateaued
 from dspark.campaign.progress import plot_learning_curves
 from dspark.campaign.sweeps import run_sweep
-from dspark.drafters.folder import file_sha256
 from dspark.errors import DsparkError
+from dspark.formats.folder import file_sha256
 from dspark.quickstart.stages import Stages, claim_run_folder
 
 # The layout's top-level names (module docstring, and `--sweeps`'): what the campaign folder claims.
@@ -398,9 +398,9 @@ class Campaign:
         key = {m: d["drafter_id"] for m, d in trained.items()} | p.part(*self.EVAL_FIELDS)
 
         def run() -> dict[str, Any]:
-            from dspark.drafters.folder import load_drafter
-            from dspark.drafters.registry import build_drafter
             from dspark.eval.report import write_eval_report
+            from dspark.formats.build import build_drafter
+            from dspark.formats.folder import load_drafter
 
             drafters = {m: load_drafter(self.out / d["drafter"], self.target) for m, d in trained.items()}
             drafters["ngram"] = build_drafter("ngram", self.target)

@@ -131,8 +131,8 @@ def run_sweep(
     key = {name: r["drafter_id"] for name, r in runs.items()} | p.part(*campaign.EVAL_FIELDS)
 
     def run() -> dict[str, Any]:
-        from dspark.drafters.folder import load_drafter
         from dspark.eval.sweeps import SweepResult, Variant, sweep_points, write_sweep_report
+        from dspark.formats.folder import load_drafter
 
         drafters = {
             v.label: load_drafter(campaign.out / runs[v.name]["drafter"], campaign.target) for v in variants

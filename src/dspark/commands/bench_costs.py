@@ -30,8 +30,8 @@ def main_bench_overhead(args: argparse.Namespace) -> int:
     from dspark.commands.loading import load_inference_target
     from dspark.data.chat import prompt_ids
     from dspark.data.prompts import load_prompts
-    from dspark.drafters.registry import build_drafter
     from dspark.eval.overhead import sequential_head_overhead
+    from dspark.formats.build import build_drafter
 
     target = load_inference_target(args.target, args.dtype)
     drafter = build_drafter(args.drafter, target)
@@ -87,8 +87,8 @@ def main_bench_round(args: argparse.Namespace) -> int:
     from dspark.commands.loading import load_target
     from dspark.data.chat import prompt_ids
     from dspark.data.prompts import load_prompts
-    from dspark.drafters.registry import build_drafter
     from dspark.eval.round_cost import round_breakdown
+    from dspark.formats.build import build_drafter
     from dspark.targets.dtype import DTYPES
 
     names = [d.strip() for d in args.dtypes.split(",") if d.strip()]

@@ -42,12 +42,6 @@ def add_bench_serve_args(p: argparse.ArgumentParser) -> None:
     )
     add_block_size(p)
     p.add_argument("--max-seq-len", type=positive_int, default=512, help="tokens per KV slot")
-    p.add_argument(
-        "--no-cost-aware",
-        action="store_true",
-        help="with --no-payoff-control, prefix policies: draft whenever the early exit allows, even "
-        "where drafting costs more time than its expected accepted tokens save",
-    )
     add_payoff(p)
     p.add_argument("--out", default="runs/bench_serve", help="folder for results.json and the plot")
     add_force(p, "results.json or the plot in --out when no `dspark bench serve` wrote them")
@@ -64,7 +58,7 @@ def main_bench_serve(args: argparse.Namespace) -> int:
     from dspark import conditions as run_conditions
     from dspark.commands.loading import load_inference_target
     from dspark.data.prompts import load_prompts
-    from dspark.drafters.registry import build_drafter
+    from dspark.formats.build import build_drafter
     from dspark.output_folders import claim_outputs
     from dspark.server.load import bench_serve, plot_load
 
@@ -98,7 +92,6 @@ def main_bench_serve(args: argparse.Namespace) -> int:
         min_requests=args.min_requests,
         block_size=args.block_size,
         max_seq_len=args.max_seq_len,
-        cost_aware=not args.no_cost_aware,
         payoff=not args.no_payoff_control,
         choose_proposer=not args.no_proposer_choice,
         progress=show,

@@ -67,8 +67,8 @@ def main_bench_decode(args: argparse.Namespace) -> int:
     from dspark import conditions as run_conditions
     from dspark.commands.loading import load_inference_target, load_target
     from dspark.data.prompts import load_prompts
-    from dspark.drafters.registry import build_drafter
     from dspark.eval.decode_speed import batch1_engine, bench_decode, verify_cost_ratio
+    from dspark.formats.build import build_drafter
 
     # Every prompt set is read (and a bad one refused) before anything is decoded.
     prompt_sets = {bench: load_prompts(bench, args.limit) for bench in args.bench.split(",")}
@@ -183,8 +183,8 @@ def main_bench_matrix(args: argparse.Namespace) -> int:
     from dspark.commands.loading import load_inference_target
     from dspark.data.chat import prompt_ids
     from dspark.data.prompts import load_prompts
-    from dspark.drafters.registry import build_drafter
     from dspark.eval.speed_matrix import PAYOFF, goals, speed_matrix
+    from dspark.formats.build import build_drafter
 
     concurrencies = sorted(set(args.concurrency))
     static = [p.strip() for p in args.static.split(",") if p.strip()]

@@ -58,9 +58,9 @@ def main_bench_tree(args: argparse.Namespace) -> int:
     from dspark.commands.loading import load_inference_target
     from dspark.data.chat import prompt_ids
     from dspark.data.prompts import load_prompts
-    from dspark.drafters.registry import build_drafter
     from dspark.eval.plots import plot_sweep_lines
     from dspark.eval.tree_compare import batch1_sps, compare, tree_arms
+    from dspark.formats.build import build_drafter
     from dspark.protocols import SamplingParams
     from dspark.sampling.tree import TreeConfig
     from dspark.scheduler.profile import SpsTable

@@ -61,7 +61,7 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
 
 def _drafter_folder(spec: str, target=None) -> Path:
     from dspark.commands.loading import drafter_folder
-    from dspark.drafters.folder import read_config
+    from dspark.formats.folder import read_config
 
     folder = drafter_folder(spec, target)
     if not (folder / "config.json").is_file():

@@ -197,7 +197,7 @@ def main_regenerate(args: argparse.Namespace) -> int:
     else:
         from dspark.commands.loading import load_target
         from dspark.data.regenerate import InProcessBackend
-        from dspark.drafters.registry import build_drafter
+        from dspark.formats.build import build_drafter
 
         set_threads(args.threads)
         target = load_target(args.target)

@@ -1,8 +1,8 @@
 """``dspark eval``: arguments and the glue from them to :func:`dspark.eval.runner.run_eval`.
 
 Everything that can be refused is refused before any decoding: the target, each
-drafter (:func:`dspark.drafters.registry.build_drafter` validates a folder against the
-target; :func:`~dspark.drafters.folder.load_drafter` catches a drafter trained for
+drafter (:func:`dspark.formats.build.build_drafter` validates a folder against the
+target; :func:`~dspark.formats.folder.load_drafter` catches a drafter trained for
 another target of the same shape), every benchmark file and every prompt's length.
 The decoding arguments and their checks here are shared with ``dspark calibrate`` and
 ``dspark sweep``.

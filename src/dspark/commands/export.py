@@ -69,9 +69,9 @@ def export_dtype(fmt: str, dtype: str | None) -> str:
 def main_export(args: argparse.Namespace) -> int:
     """Export a drafter for vLLM, SGLang or HF, validated by re-loading it; SERVE.md has the commands."""
     from dspark.commands.loading import drafter_folder
-    from dspark.drafters.export import DTYPES, SERVE_NAME, export_drafter, read_sps_table
-    from dspark.drafters.folder import EXPORT_MANIFEST
-    from dspark.drafters.registry import build_drafter
+    from dspark.formats.build import build_drafter
+    from dspark.formats.export import DTYPES, SERVE_NAME, export_drafter, read_sps_table
+    from dspark.formats.folder import EXPORT_MANIFEST
     from dspark.presets.tiny import resolve_target
     from dspark.protocols import TrainableDrafter
     from dspark.targets import TargetAdapter

@@ -45,8 +45,8 @@ def main_generate(args: argparse.Namespace) -> int:
     """
     from dspark.commands.loading import load_inference_target
     from dspark.data.chat import chat_prompt_ids, user_messages
-    from dspark.drafters.registry import build_drafter
     from dspark.engine import Engine, EngineConfig
+    from dspark.formats.build import build_drafter
     from dspark.protocols import SamplingParams
     from dspark.server.textstream import TextStream
 

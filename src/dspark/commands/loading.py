@@ -88,7 +88,7 @@ def parse_drafter_specs(text: str) -> dict[str, str]:
 def load_drafters(specs: dict[str, str], target) -> dict:
     """Every drafter of ``specs`` for ``target``; ``load_drafter`` refuses one made for another
     target (fields, keys, shared weights)."""
-    from dspark.drafters.registry import build_drafter
+    from dspark.formats.build import build_drafter
 
     return {label: build_drafter(spec, target) for label, spec in specs.items()}
 
@@ -96,7 +96,8 @@ def load_drafters(specs: dict[str, str], target) -> dict:
 def drafter_folder(spec: str, target=None) -> Path:
     """The folder of a trained drafter: a shipped method's for ``target`` (the tiny target's
     when None), or ``spec`` itself."""
-    from dspark.drafters.registry import TRAINABLE, shipped_drafter_dir
+    from dspark.drafters.registry import TRAINABLE
+    from dspark.formats.shipped import shipped_drafter_dir
 
     return shipped_drafter_dir(spec, target) if spec in TRAINABLE else Path(spec).expanduser()
 

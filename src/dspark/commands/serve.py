@@ -86,12 +86,6 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--sps-profile", default=None, help="SPS profile to load or create (default: the per-target cache)"
     )
-    p.add_argument(
-        "--no-cost-aware",
-        action="store_true",
-        help="with --no-payoff-control, prefix policies: draft whenever the early exit allows, even "
-        "where drafting costs more time than its expected accepted tokens save",
-    )
     add_payoff(p)
     p.add_argument(
         "--drain-timeout",
@@ -109,9 +103,9 @@ def main_serve(args: argparse.Namespace) -> int:
     (Prometheus), GET /openapi.json.
     """
     from dspark.commands.loading import load_inference_target
-    from dspark.drafters.registry import build_drafter
     from dspark.engine import Engine, EngineConfig
     from dspark.engine.worker import EngineWorker
+    from dspark.formats.build import build_drafter
     from dspark.server.app import create_app
     from dspark.server.identity import resolve_api_key, served_model_name
     from dspark.server.uvicorn_runner import serve
@@ -125,7 +119,6 @@ def main_serve(args: argparse.Namespace) -> int:
             max_batch=args.max_batch,
             max_seq_len=args.max_seq_len,
             sps_path=args.sps_profile,
-            cost_aware=not args.no_cost_aware,
             payoff=not args.no_payoff_control,
             choose_proposer=not args.no_proposer_choice,
         )

@@ -233,7 +233,7 @@ def _run_folder(out: Path, force: bool, *, write: bool) -> str | None:
     Every rank checks before anything is loaded, so that all refuse alike; rank 0 writes
     the claim. The drafter folder is checked too: it is replaced at the end, after training.
     """
-    from dspark.drafters.folder import drafter_folder_check
+    from dspark.formats.folder import drafter_folder_check
     from dspark.output_folders import claim_outputs
 
     run = claim_outputs(out, RUN_FILES, command="train", force=force, write=write)
@@ -249,10 +249,10 @@ def main_train(args: argparse.Namespace) -> int:
     from dspark.commands.loading import is_tiny, load_target, set_threads, training_records
     from dspark.data.samples import tokenize_records
     from dspark.drafters.draft_vocab import choose_draft_ids, with_draft_vocab
-    from dspark.drafters.folder import drafter_config_json, publish_checkpoint
     from dspark.drafters.kinds import KINDS
     from dspark.drafters.target_choices import apply_target_choices
     from dspark.eval.online import online_tau_eval
+    from dspark.formats.folder import drafter_config_json, publish_checkpoint
     from dspark.training.recipe import train_config
     from dspark.training.trainer import train
 
@@ -287,6 +287,8 @@ def main_train(args: argparse.Namespace) -> int:
         config = apply_target_choices(
             config, target, target_layers=args.target_layers, mask_token=args.mask_token
         )
+        if config.target_layer_ids is not None:  # the target computes the features the drafter reads
+            target = target.with_layers(config.target_layer_ids)
         data = tokenize_records(
             training_records(args.data, args.limit),
             target.tokenizer,

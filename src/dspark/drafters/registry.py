@@ -1,28 +1,19 @@
-"""Drafters built by name (SPEC §5): the one place that maps a name to code.
+"""Drafter names (SPEC §5): the one place that maps a name to code.
 
-``build_drafter(spec, target)`` takes:
-
-- ``"none"`` — plain decoding (returns ``None``);
-- ``"ngram"`` — the prompt-lookup drafter;
-- ``"dflash" | "dspark" | "eagle3"`` — the drafter of that method shipped for the loaded
-  target (``dspark/assets/drafters/<target>/<name>``, else the user's store
-  ``~/.cache/dspark/drafters/<target>/<name>``: :mod:`dspark.drafters.shipped`);
-- a path — a drafter folder (SPEC §5.4), loaded with full validation.
-
-The trainable methods themselves are rows of :data:`dspark.drafters.kinds.KINDS`, a
-table that imports no torch: :data:`TRAINABLE` and :data:`MASK_TOKEN_METHODS` are read
-from it, so the CLI lists the drafters in ``--help`` at once.
+The training-free drafters are factories registered by name (``"ngram"``); the trainable
+methods are rows of :data:`dspark.drafters.kinds.KINDS`. Loading a drafter by name or folder
+(the shipped drafter of a method, a folder on disk) is :func:`dspark.formats.build.build_drafter`,
+which reads this table. :data:`~dspark.drafters.kinds.KINDS` imports no torch:
+:data:`TRAINABLE` and :data:`MASK_TOKEN_METHODS` are read from it, so the CLI lists the
+drafters in ``--help`` at once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dspark.drafters.kinds import KINDS
-from dspark.drafters.shipped import shipped_drafter_dir
-from dspark.errors import DsparkError
 
 if TYPE_CHECKING:
     from dspark.protocols import Drafter
@@ -44,26 +35,15 @@ _FACTORIES: dict[str, DrafterFactory] = {"ngram": _ngram}
 
 
 def register(name: str, factory: DrafterFactory) -> None:
-    """Make ``build_drafter(name, target)`` call ``factory(target)``."""
+    """Make ``build_drafter(name, target)`` (:mod:`dspark.formats.build`) call ``factory(target)``."""
     _FACTORIES[name] = factory
 
 
 def available() -> list[str]:
-    """Every name :func:`build_drafter` takes besides a folder: none, training-free, trainable."""
+    """Every name ``build_drafter`` takes besides a folder: none, training-free, trainable."""
     return ["none", *sorted(_FACTORIES), *sorted(TRAINABLE)]
 
 
-def build_drafter(spec: str | None, target: TargetAdapter) -> Drafter | None:
-    """The drafter named by ``spec`` for ``target`` (see the module docstring)."""
-    from dspark.drafters.folder import load_drafter
-
-    if spec in (None, "", "none"):
-        return None
-    if spec in _FACTORIES:
-        return _FACTORIES[spec](target)
-    if spec in TRAINABLE:
-        return load_drafter(shipped_drafter_dir(spec, target), target)
-    path = Path(spec).expanduser()
-    if path.is_dir():
-        return load_drafter(path, target)
-    raise DsparkError(f"unknown drafter {spec!r}: not one of {', '.join(available())}, nor a drafter folder")
+def factory(name: str) -> DrafterFactory | None:
+    """The registered factory of the training-free drafter ``name``, or None."""
+    return _FACTORIES.get(name)

@@ -16,11 +16,11 @@ from dspark.targets.adapter import check_new_layer_ids, parse_layer_ids
 
 
 def apply_target_choices(config, target, *, target_layers: str | None = None, mask_token: str | None = None):
-    """``config`` with validated feature layers and mask choice; the adapter switched to the layers.
+    """``config`` with validated feature layers and mask choice.
 
     ``target_layers`` (``"1,9,17"``) overrides the preset's ``target_layer_ids``; either
-    must be non-empty, ascending and in range for ``target``. The adapter computes the
-    features the drafter reads, so it is set to the same layers.
+    must be non-empty, ascending and in range for ``target``. ``target`` is not changed: the
+    caller computes the drafter's features with ``target.with_layers(config.target_layer_ids)``.
     """
     changes = {}
     if target_layers is not None:
@@ -36,7 +36,4 @@ def apply_target_choices(config, target, *, target_layers: str | None = None, ma
                 f"--mask-token applies to parallel drafters ({', '.join(MASK_TOKEN_METHODS)}) only"
             )
         changes |= mask_overrides(mask_token, target.tokenizer, target.vocab_size)
-    config = dataclasses.replace(config, **changes)
-    if config.target_layer_ids is not None:
-        target.target_layer_ids = tuple(config.target_layer_ids)
-    return config
+    return dataclasses.replace(config, **changes)

@@ -42,7 +42,7 @@ def write_temperatures(folder: Path, temperatures: tuple[float, ...]) -> None:
 
 
 def _check(folder: Path, save_to: Path, force: bool) -> dict:
-    from dspark.drafters.folder import DRAFTER_FILES
+    from dspark.formats.folder import DRAFTER_FILES
 
     # The run a copy belongs to is the path it was written at: a copy moved elsewhere by hand is
     # the user's (:mod:`dspark.output_folders`).
@@ -69,7 +69,7 @@ def save_calibrated_copy(
     """A copy of the drafter folder with the temperatures (None: unchanged), at ``save_to``: never
     replacing a folder this command did not write there (unless ``force``, and then only a drafter
     folder), nor one that holds the source (:mod:`dspark.output_folders`)."""
-    from dspark.drafters.folder import DRAFTER_FILES
+    from dspark.formats.folder import DRAFTER_FILES
     from dspark.output_folders import publish_folder, temp_folder
 
     check = _check(folder, save_to, force)
@@ -181,10 +181,10 @@ def calibrate_drafter(
     from dspark.calibration.collect import ConfidenceRounds, split_by_group
     from dspark.calibration.metrics import position_calibration
     from dspark.calibration.sts import apply_sts, compose_temperatures, fit_sts, keep_improving
-    from dspark.drafters.folder import load_drafter
     from dspark.eval import plots
     from dspark.eval.report import write_json
     from dspark.eval.runner import run_eval
+    from dspark.formats.folder import load_drafter
 
     if not 0.0 <= holdout_fraction < 1.0:
         raise DsparkError(f"--holdout-fraction must be in [0, 1), got {holdout_fraction}")

@@ -25,11 +25,11 @@ from typing import Any
 import torch
 
 from dspark.data.samples import TrainDataset
-from dspark.drafters.folder import load_drafter
 from dspark.eval import plots
 from dspark.eval.benchmarks import Benchmark
 from dspark.eval.report import md_table, write_eval_report, write_json
 from dspark.eval.runner import EvalConfig, EvalResult, run_eval
+from dspark.formats.folder import load_drafter
 from dspark.presets import drafters as presets
 from dspark.targets import TargetAdapter
 from dspark.training.fresh import train_new_drafter

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dspark.drafters.shipped_record import ShippedRecord
 from dspark.eval.report import md_table
+from dspark.formats.shipped_record import ShippedRecord
 from dspark.quickstart.reach import (
     ALREADY,
     AT_LEAST,

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark import conditions as run_conditions
-from dspark.drafters.folder import file_sha256
+from dspark.formats.folder import file_sha256
 from dspark.quickstart.answers import answer, errors_file, mean_tokens, summary_of, training_prompts
 from dspark.quickstart.plan import DOMAINS, METHODS, QuickstartPlan
 from dspark.quickstart.references import REFERENCES, shipped_references
@@ -275,10 +275,10 @@ class Quickstart:
         )
 
         def run() -> dict[str, Any]:
-            from dspark.drafters.folder import load_drafter
-            from dspark.drafters.registry import build_drafter
             from dspark.eval.report import write_eval_report
             from dspark.eval.runner import run_eval
+            from dspark.formats.build import build_drafter
+            from dspark.formats.folder import load_drafter
             from dspark.quickstart.validation import read_samples, score_folders
 
             target = self.decode_target
@@ -325,7 +325,7 @@ class Quickstart:
         )
 
         def run() -> dict[str, Any]:
-            from dspark.drafters.folder import load_drafter
+            from dspark.formats.folder import load_drafter
             from dspark.server.load import bench_serve, plot_load
 
             drafter = load_drafter(self.out / dspark["drafter"], self.decode_target)

@@ -2,7 +2,7 @@
 
 ``ngram`` (prompt lookup: no training at all) and ``dspark-shipped`` (the package's DSpark
 drafter) are always there. Every method whose shipped drafter has a record in the
-target's ``SHIPPED.json`` (:mod:`dspark.drafters.shipped_record`) is added as
+target's ``SHIPPED.json`` (:mod:`dspark.formats.shipped_record`) is added as
 ``<method>-shipped`` and compared with the drafter of that method trained here.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from dspark.drafters.shipped_record import ShippedRecord, read_records
 from dspark.errors import DsparkError
+from dspark.formats.shipped_record import ShippedRecord, read_records
 from dspark.quickstart.plan import METHODS
 
 REFERENCES = ("ngram", "dspark-shipped")  # eval rows present in every run
@@ -37,7 +37,7 @@ def is_reference(drafter: str) -> bool:
 
 def shipped_references(target, root: Path | None = None) -> list[ShippedReference]:
     """The shipped drafters of ``target`` under ``root`` (default: the package's) to evaluate."""
-    from dspark.drafters.shipped import shipped_drafter_dir
+    from dspark.formats.shipped import shipped_drafter_dir
 
     out = []
     for method in METHODS:

@@ -74,7 +74,7 @@ def score_folders(
     target, folders: Mapping[str, Path], samples: Sequence, *, num_anchors: int, seed: int
 ) -> dict[str, float]:
     """Expected τ of each drafter folder on ``samples`` (loaded for ``target``, same blocks for all)."""
-    from dspark.drafters.folder import load_drafter
+    from dspark.formats.folder import load_drafter
 
     batches = validation_batches(target, samples, num_anchors=num_anchors, seed=seed)
     return {name: expected_tau(load_drafter(f, target), target, batches) for name, f in folders.items()}

@@ -12,6 +12,7 @@ last hidden state is the final-normed one, not the layer's raw output.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import logging
 from collections.abc import Sequence
@@ -146,6 +147,13 @@ class TargetAdapter:
         self._checked_layers: set[tuple[int, ...]] = set()  # other layer lists validated once
         self.eos_token_ids: tuple[int, ...] = _eos_token_ids(model, tokenizer)
         self._check_embed_scale()
+
+    def with_layers(self, layer_ids: Sequence[int]) -> TargetAdapter:
+        """This target (the same model, shared) with ``layer_ids`` as its default feature layers."""
+        other = copy.copy(self)
+        other.target_layer_ids = validate_layer_ids(layer_ids, self.num_layers)
+        other._checked_layers = set(self._checked_layers)
+        return other
 
     @classmethod
     def from_pretrained(

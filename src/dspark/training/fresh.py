@@ -17,8 +17,8 @@ from torch import nn
 
 from dspark.data.samples import TrainDataset, TrainSample
 from dspark.drafters.draft_vocab import choose_draft_ids
-from dspark.drafters.folder import drafter_config_json, publish_checkpoint
 from dspark.drafters.kinds import kind_of_config
+from dspark.formats.folder import drafter_config_json, publish_checkpoint
 from dspark.training.trainer import TrainConfig, TrainResult, train
 
 

@@ -3,7 +3,7 @@
 DSpark holds the DFlash backbone under the backbone's own weight names
 (:func:`dspark.drafters.parts.hold`), so a DFlash drafter folder's tensors are DSpark
 tensors of the same name. :func:`warm_start_backbone` loads the folder with every check
-of a drafter folder against the target (:func:`dspark.drafters.folder.load_drafter`),
+of a drafter folder against the target (:func:`dspark.formats.folder.load_drafter`),
 refuses a backbone of another architecture, and copies its tensors; the sequential and
 confidence heads, which DFlash has not, keep their fresh initialisation. A trained DSpark
 folder warm-starts every tensor, heads included: a shipped drafter trained on with another
@@ -32,7 +32,7 @@ def warm_start_backbone(drafter: nn.Module, folder: str | Path, target) -> list[
     all of it); returns the keys copied."""
     from dspark.drafters.dflash import DFlashDrafter
     from dspark.drafters.dspark import DSparkDrafter
-    from dspark.drafters.folder import load_drafter
+    from dspark.formats.folder import load_drafter
 
     if not isinstance(drafter, DSparkDrafter):
         raise DsparkError(

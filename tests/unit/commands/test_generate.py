@@ -40,9 +40,9 @@ def _nan_drafter(monkeypatch):
     engine fails the request (finish_reason "error") instead of sampling from it."""
     import torch
 
-    from dspark.drafters import registry
     from dspark.drafters.eagle3 import Eagle3Config
     from dspark.drafters.kinds import KINDS
+    from dspark.formats import build as registry
 
     def build(spec, target):
         torch.manual_seed(0)

@@ -9,9 +9,9 @@ import torch
 from dspark.data.chat import chat_prompt_ids, user_messages
 from dspark.decoding.loop import speculative_generate
 from dspark.decoding.tree_loop import TreeBudget, tree_attention, tree_generate
-from dspark.drafters.folder import load_drafter
-from dspark.drafters.shipped import shipped_drafter_dir
 from dspark.drafters.tree import build_trees
+from dspark.formats.folder import load_drafter
+from dspark.formats.shipped import shipped_drafter_dir
 from dspark.presets.tiny import builtin_prompts, tiny_target_dir
 from dspark.protocols import SamplingParams, SequenceState
 from dspark.sampling.tree import TreeConfig

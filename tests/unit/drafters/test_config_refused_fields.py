@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from dspark.drafters.folder import DrafterLoadError, load_drafter
+from dspark.formats.folder import DrafterLoadError, load_drafter
 from dspark.presets.tiny import tiny_target_dir
 from dspark.targets import TargetAdapter
 
@@ -66,7 +66,7 @@ def test_a_5000_digit_integer_is_a_load_error(tmp_path, target):
 
 
 def test_an_export_manifest_that_does_not_vouch_for_the_weights_is_refused(tmp_path, target):
-    from dspark.drafters.export import export_drafter
+    from dspark.formats.export import export_drafter
     from tests.unit.training.test_checkpoint_integrity import _flip_byte
 
     out = export_drafter(load_drafter(SHIPPED, target), target, tmp_path / "ex", fmt="hf")

@@ -223,7 +223,7 @@ def test_a_bf16_folder_keeps_the_tables_exact(target, tmp_path, name):
     in bf16: a cast SmolLM2 folder was refused on load)."""
     from safetensors.torch import load_file
 
-    from dspark.drafters.folder import WEIGHTS_NAME, convert_folder, load_drafter, save_drafter
+    from dspark.formats.folder import WEIGHTS_NAME, convert_folder, load_drafter, save_drafter
 
     drafter = build_reduced(name, target)
     folder = save_drafter(tmp_path / "bf16", drafter, target, dtype=torch.bfloat16)

@@ -17,10 +17,10 @@ from safetensors import safe_open
 from dspark.decoding.loop import speculative_generate
 from dspark.drafters.dflash import DFlashBackbone
 from dspark.drafters.dspark import DSparkConfig, DSparkDrafter
-from dspark.drafters.folder import load_drafter
+from dspark.formats.folder import load_drafter
 from dspark.drafters.parts import hold
-from dspark.drafters.registry import shipped_drafter_dir
-from dspark.drafters.shared_weights import SHARED_KEYS
+from dspark.formats.shipped import shipped_drafter_dir
+from dspark.formats.shared_weights import SHARED_KEYS
 from dspark.presets.tiny import tiny_target_dir
 from dspark.protocols import SamplingParams, SequenceState
 from dspark.targets import TargetAdapter

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from dspark.drafters.kinds import KINDS
-from dspark.drafters.registry import TRAINABLE, available, build_drafter
+from dspark.drafters.registry import TRAINABLE, available
+from dspark.formats.build import build_drafter
 from dspark.protocols import Drafter, TrainableDrafter
 from tests.unit.drafters.builders import CONFIGS, build
 

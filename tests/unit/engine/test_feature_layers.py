@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dspark.drafters.registry import build_drafter
 from dspark.engine import Engine, EngineConfig
+from dspark.formats.build import build_drafter
 from dspark.presets.tiny import tiny_target_dir
 from dspark.protocols import SamplingParams
 from dspark.targets import TargetAdapter

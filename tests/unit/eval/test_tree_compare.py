@@ -9,9 +9,9 @@ import torch
 
 from dspark.cli import main
 from dspark.data.chat import chat_prompt_ids, user_messages
-from dspark.drafters.folder import load_drafter
-from dspark.drafters.shipped import shipped_drafter_dir
 from dspark.eval.tree_compare import compare, tree_arms
+from dspark.formats.folder import load_drafter
+from dspark.formats.shipped import shipped_drafter_dir
 from dspark.presets.tiny import builtin_prompts, tiny_target_dir
 from dspark.protocols import SamplingParams
 from dspark.sampling.tree import TreeConfig

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import shutil
 
-from dspark.drafters.shipped import shipped_root
-from dspark.drafters.shipped_record import MEASURE, RECORD, ShippedCurve, ShippedRecord
+from dspark.formats.shipped import shipped_root
+from dspark.formats.shipped_record import MEASURE, RECORD, ShippedCurve, ShippedRecord
 from dspark.quickstart.plan import DOMAINS, FAST, METHODS
 from dspark.quickstart.references import shipped_references
 from dspark.quickstart.report import headline_lines, write_report

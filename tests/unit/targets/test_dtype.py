@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dspark.commands.loading import load_inference_target
-from dspark.drafters.registry import build_drafter
+from dspark.formats.build import build_drafter
 from dspark.targets import dtype as dtypes
 
 X86_BF16 = "processor : 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 avx512_vnni\n"

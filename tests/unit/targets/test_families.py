@@ -146,8 +146,8 @@ def test_engine_exports_refuse_what_their_qwen3_class_cannot_hold(tmp_path, over
     """A learned mask input or family-style (no q/k-norm) draft layers: refused for vLLM, ours for hf."""
     import json
 
-    from dspark.drafters.export import ExportError, export_drafter
-    from dspark.drafters.folder import load_drafter
+    from dspark.formats.export import ExportError, export_drafter
+    from dspark.formats.folder import load_drafter
 
     target = build_target("llama")
     drafter = build("dspark_markov", target, **overrides)

@@ -101,9 +101,9 @@ def test_the_shipped_dspark_drafter_is_found_for_smollm2_and_decodes_losslessly(
     prompt and keeps greedy output identical to plain decoding. Without the drafter on this
     machine (a fresh clone) the error names the command that makes it, and the test skips."""
     from dspark.decoding import speculative_generate
-    from dspark.drafters import shipped
-    from dspark.drafters.registry import build_drafter
     from dspark.errors import DsparkError
+    from dspark.formats import shipped
+    from dspark.formats.build import build_drafter
     from dspark.protocols import SamplingParams
     from dspark.targets import TargetAdapter
 

@@ -11,9 +11,9 @@ import torch
 from dspark.drafters.dflash import DFlashConfig, DFlashDrafter
 from dspark.drafters.dspark import DSparkConfig, DSparkDrafter
 from dspark.drafters.eagle3 import Eagle3Config, Eagle3Drafter
-from dspark.drafters.folder import save_drafter
 from dspark.drafters.objective import dspark_objective
 from dspark.errors import DsparkError
+from dspark.formats.folder import save_drafter
 from dspark.training.checkpoint import config_differences, load_checkpoint
 from dspark.training.run_identity import as_json, identity_defaults
 from dspark.training.schedule import ce_objective, objective_at
@@ -157,7 +157,7 @@ def test_prompt_end_anchors_train_blocks_at_the_prompts_last_token_and_say_so(tm
     samples' position SEQ_LEN/2 - 1), and the trained drafter's folder says it drafts a
     request's first round; without it neither."""
     import dspark.drafters.blocks as blocks
-    from dspark.drafters.folder import load_drafter
+    from dspark.formats.folder import load_drafter
     from dspark.protocols import drafts_after_prompt
 
     from .toy_drafter import SEQ_LEN

@@ -12,9 +12,9 @@ searched, in order (DESIGN §16):
 ``--drafter dspark`` means "the shipped DSpark drafter of the target I loaded": the folder
 is found by what its ``config.json`` says of its target (vocabulary, depth, and the
 sha256 of the target's embedding and head when the folder leaves them out), and
-:func:`dspark.drafters.folder.load_drafter` then checks it fully. ``SHIPPED.json`` in the
+:func:`dspark.formats.folder.load_drafter` then checks it fully. ``SHIPPED.json`` in the
 package beside each target's folders says how they were trained, whichever root holds the
-weights (:mod:`dspark.drafters.shipped_record`); a record whose drafter is not on this
+weights (:mod:`dspark.formats.shipped_record`); a record whose drafter is not on this
 machine turns "not found" into one line naming the command that makes it.
 """
 
@@ -75,7 +75,7 @@ def fits_target(raw: dict, target) -> bool:
         return False
     record = raw.get("dspark_shared_weights")
     if record and record.get("target_sha256"):
-        from dspark.drafters.shared_weights import target_fingerprint
+        from dspark.formats.shared_weights import target_fingerprint
 
         return record["target_sha256"] == target_fingerprint(target)
     return True
@@ -91,7 +91,7 @@ def _find(method: str, target, root: Path) -> Path | None:
 def recorded_target(target) -> str | None:
     """The name of the shipped target that ``target`` is, by the package's records: any method's
     record that names the target's fingerprint (a record's drafter may live in the store)."""
-    from dspark.drafters.shipped_record import read_records
+    from dspark.formats.shipped_record import read_records
 
     for name in shipped_targets(root=shipped_root()):
         for record in read_records(shipped_root() / name).values():

@@ -8,12 +8,11 @@ import dataclasses
 import pytest
 import torch
 
-from dspark.drafters.export.gguf_draft import draft_content
-from dspark.drafters.export.gguf_file import GgufContent, read_gguf, write_gguf
-from dspark.drafters.export.layouts import ExportError
-from dspark.drafters.folder import drafter_config_json
-
-from .builders import MASK_ID, build
+from dspark.formats.export.gguf_draft import draft_content
+from dspark.formats.export.gguf_file import GgufContent, read_gguf, write_gguf
+from dspark.formats.export.layouts import ExportError
+from dspark.formats.folder import drafter_config_json
+from tests.unit.drafters.builders import MASK_ID, build
 
 
 def _tokenizer() -> GgufContent:
@@ -119,7 +118,7 @@ def test_the_file_reads_back_bit_identical(target, tmp_path):
 def test_a_target_dspark_cannot_write_is_refused_with_the_reason(tmp_path):
     import json
 
-    from dspark.drafters.export.gguf_target import target_content
+    from dspark.formats.export.gguf_target import target_content
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(

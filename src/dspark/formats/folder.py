@@ -17,7 +17,7 @@ Loading validates every field against the target and fails loudly on a missing o
 unexpected key or a shape mismatch — never a silent skip or zero-fill: silent
 block-size and LM-head mismatches are the most reported cause of collapsed acceptance.
 Sizes are checked against the safetensors header before anything is built, and
-weights must be finite (:mod:`dspark.drafters.folder_checks`).
+weights must be finite (:mod:`dspark.formats.folder_checks`).
 """
 
 from __future__ import annotations
@@ -36,16 +36,16 @@ from torch import nn
 
 from dspark.drafters.common import build_from_target, drafter_dims, resolve_target_fields, set_draft_ids
 from dspark.drafters.draft_vocab import from_file_state, set_full_head, to_file_state
-from dspark.drafters.folder_checks import (
+from dspark.drafters.kinds import DrafterKind, kind_of_config, kind_of_folder_config
+from dspark.errors import DsparkError
+from dspark.formats.folder_checks import (
     SIZE_FIELDS,
     check_config_fields,
     check_finite,
     check_weight_shapes,
     header_shapes,
 )
-from dspark.drafters.kinds import DrafterKind, kind_of_config, kind_of_folder_config
-from dspark.drafters.shared_weights import RECORD_FIELD, SHARED_KEYS, check_record, strip_shared, target_copy
-from dspark.errors import DsparkError
+from dspark.formats.shared_weights import RECORD_FIELD, SHARED_KEYS, check_record, strip_shared, target_copy
 from dspark.heads.rnn import upgrade_rnn_keys
 from dspark.output_folders import check_replaceable, publish_folder, temp_folder
 from dspark.targets import TargetAdapter, validate_layer_ids
@@ -90,7 +90,7 @@ def file_contents(
     """The weights and config.json a drafter folder holds for a drafter ``state`` dict.
 
     The copies of the target's embedding / LM head are left out and recorded unless
-    ``keep_shared`` (:mod:`dspark.drafters.shared_weights`); a reduced draft vocabulary is
+    ``keep_shared`` (:mod:`dspark.formats.shared_weights`); a reduced draft vocabulary is
     written as vLLM's ``d2t`` / ``t2d`` (:func:`~dspark.drafters.draft_vocab.to_file_state`).
     """
     config = dict(config)

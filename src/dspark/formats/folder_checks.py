@@ -120,7 +120,7 @@ def check_weight_shapes(
     ``build_skeleton()`` builds the drafter (called under the ``meta`` device once the
     layer count is known to match the file, so it allocates nothing); ``config_sizes``
     are named in the error; ``omitted`` keys (the target's tensors the file left out,
-    :mod:`dspark.drafters.shared_weights`) are not expected in the file.
+    :mod:`dspark.formats.shared_weights`) are not expected in the file.
     """
     layers = {int(m.group(1)) for k in shapes if (m := _LAYER_KEY.match(k))}
     if len(layers) != num_hidden_layers or (layers and max(layers) != len(layers) - 1):

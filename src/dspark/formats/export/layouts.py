@@ -28,9 +28,9 @@ from typing import Any
 from torch import Tensor
 
 from dspark import __version__
-from dspark.drafters.export.sidecars import SPS_NAME, STS_NAME, sglang_sps_table, sglang_sts
 from dspark.drafters.kinds import DrafterKind
 from dspark.errors import DsparkError
+from dspark.formats.export.sidecars import SPS_NAME, STS_NAME, sglang_sps_table, sglang_sts
 
 # gguf: llama.cpp's single file (gguf_export.py); the others are folders written by LAYOUTS.
 FORMATS = ("vllm", "sglang", "speculators", "hf", "gguf")

@@ -10,14 +10,14 @@ Formats (:data:`FORMATS`), each for one consumer:
   reads) or ``EAGLE3``.
 
 What an engine cannot represent is refused for that format with a one-line error that
-names the engine and why (:mod:`~dspark.drafters.export.layouts`); nothing is exported
+names the engine and why (:mod:`~dspark.formats.export.layouts`); nothing is exported
 silently wrong. ``tests/interop`` loads every export with vLLM's own loader.
 """
 
-from dspark.drafters.export.layouts import ENGINE_OF_FORMAT, FORMATS, LAYOUTS, ExportError
-from dspark.drafters.export.serve import serve_instructions
-from dspark.drafters.export.sidecars import SPS_NAME, STS_NAME, read_sps_table
-from dspark.drafters.export.writer import DTYPES, SERVE_NAME, export_drafter
+from dspark.formats.export.layouts import ENGINE_OF_FORMAT, FORMATS, LAYOUTS, ExportError
+from dspark.formats.export.serve import serve_instructions
+from dspark.formats.export.sidecars import SPS_NAME, STS_NAME, read_sps_table
+from dspark.formats.export.writer import DTYPES, SERVE_NAME, export_drafter
 
 __all__ = [
     "DTYPES",

@@ -11,10 +11,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dspark.cli import main
-from dspark.drafters.folder import DrafterLoadError, load_drafter, save_drafter
-from dspark.drafters.registry import shipped_drafter_dir
-
-from .builders import build
+from dspark.formats.folder import DrafterLoadError, load_drafter, save_drafter
+from dspark.formats.shipped import shipped_drafter_dir
+from tests.unit.drafters.builders import build
 
 HUGE = 10**9
 

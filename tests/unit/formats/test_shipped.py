@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark.drafters import shipped
-from dspark.drafters.folder import save_drafter
-from dspark.drafters.registry import TRAINABLE, build_drafter
-from dspark.drafters.shipped_record import ShippedRecord, file_digests, records_json, target_record
+from dspark.drafters.registry import TRAINABLE
 from dspark.errors import DsparkError
+from dspark.formats import shipped
+from dspark.formats.build import build_drafter
+from dspark.formats.folder import save_drafter
+from dspark.formats.shipped_record import ShippedRecord, file_digests, records_json, target_record
 from dspark.targets import TargetAdapter
-
-from .builders import build
+from tests.unit.drafters.builders import build
 
 
 @pytest.fixture(autouse=True)

@@ -9,14 +9,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from dspark.drafters.export import export_drafter
-from dspark.drafters.folder import DrafterLoadError, load_drafter, publish_checkpoint, save_drafter
-from dspark.drafters.shared_weights import RECORD_FIELD
+from dspark.formats.export import export_drafter
+from dspark.formats.folder import DrafterLoadError, load_drafter, publish_checkpoint, save_drafter
+from dspark.formats.shared_weights import RECORD_FIELD
 from dspark.protocols import SamplingParams
 from dspark.targets import TargetAdapter
-
-from .builders import BLOCK, DRAFTERS, build, make_state, prompt
-from .test_draft_vocab import N, build_reduced, draft_ids
+from tests.unit.drafters.builders import BLOCK, DRAFTERS, build, make_state, prompt
+from tests.unit.drafters.test_draft_vocab import N, build_reduced, draft_ids
 
 
 def _keys(path):
@@ -79,7 +78,7 @@ def test_inconsistent_draft_vocabulary_tables_are_refused(tmp_path, target):
 
 def test_published_checkpoint_is_stripped(tmp_path, target):
     """A training checkpoint holds every key (resume); the published folder does not."""
-    from dspark.drafters.folder import drafter_config_json
+    from dspark.formats.folder import drafter_config_json
 
     drafter = build_reduced("eagle3", target)
     ckpt = tmp_path / "step"

@@ -35,14 +35,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dspark.drafters.export.gguf_file import (
+from dspark.formats.export.gguf_file import (
     FILE_TYPES,
     LAYER_NAMES,
     GgufContent,
     as_dtype,
     tokenizer_metadata,
 )
-from dspark.drafters.export.layouts import ExportError
+from dspark.formats.export.layouts import ExportError
 
 ARCH = "dflash"
 ENGINE = "llama.cpp"
@@ -144,7 +144,7 @@ def draft_content(
     name: str,
 ) -> DraftGguf:
     """The draft GGUF of a drafter (``state``: its ``state_dict``; ``config``: its config.json
-    fields); ``tokenizer_source``: a :class:`~dspark.drafters.export.gguf_file.GgufRead` or
+    fields); ``tokenizer_source``: a :class:`~dspark.formats.export.gguf_file.GgufRead` or
     content of the target, whose ``tokenizer.*`` keys llama.cpp compares with the draft's."""
     why = gguf_problems(config, dims)
     if why is not None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark.drafters.shipped_record import MEASURE, RECORD, ShippedRecord, read_records, thin
+from dspark.formats.shipped_record import MEASURE, RECORD, ShippedRecord, read_records, thin
 
 SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "ship_drafters.py"
 _spec = importlib.util.spec_from_file_location("ship_drafters", SCRIPT)
@@ -31,8 +31,8 @@ def _campaign(root: Path, target) -> Path:
     """A hand-made campaign folder: stage markers, a metrics log and a (random) drafter."""
     import dataclasses
 
-    from dspark.drafters.folder import save_drafter
     from dspark.drafters.kinds import kind_of_config
+    from dspark.formats.folder import save_drafter
     from dspark.presets import drafters as presets
 
     camp = root / "campaign"

@@ -3,7 +3,7 @@
 The draft's tokenizer must be the target GGUF's (llama.cpp compares the two vocabularies
 token by token), so the target's GGUF is found first: SmolLM2's pinned Q4_1 file
 (:func:`~dspark.targets.smollm2.smollm2_gguf`) for ``--target smollm2``; for any other
-target dspark writes one (:mod:`~dspark.drafters.export.gguf_target`, Qwen3 targets with
+target dspark writes one (:mod:`~dspark.formats.export.gguf_target`, Qwen3 targets with
 a byte-level BPE tokenizer such as the embedded tiny one) as ``target.gguf`` beside the
 draft, or refuses with the reason. The files are read back and compared with what was
 meant to be written before the folder replaces ``--out``.
@@ -19,11 +19,11 @@ import numpy as np
 import torch
 
 from dspark import __version__
-from dspark.drafters.export.gguf_draft import DraftGguf, draft_content
-from dspark.drafters.export.gguf_file import GgufContent, read_gguf, write_gguf
-from dspark.drafters.export.gguf_target import target_content
-from dspark.drafters.export.layouts import ExportError
-from dspark.drafters.folder import EXPORT_MANIFEST, drafter_config_json, file_sha256
+from dspark.formats.export.gguf_draft import DraftGguf, draft_content
+from dspark.formats.export.gguf_file import GgufContent, read_gguf, write_gguf
+from dspark.formats.export.gguf_target import target_content
+from dspark.formats.export.layouts import ExportError
+from dspark.formats.folder import EXPORT_MANIFEST, drafter_config_json, file_sha256
 
 DRAFT_NAME = "draft.gguf"
 TARGET_NAME = "target.gguf"

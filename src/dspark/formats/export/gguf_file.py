@@ -1,7 +1,7 @@
 """Reading and writing GGUF files with the ``gguf`` package: tensors, typed metadata, tokenizers.
 
 llama.cpp's names for the drafter and target tensors live with their writers
-(:mod:`~dspark.drafters.export.gguf_draft`, :mod:`~dspark.drafters.export.gguf_target`);
+(:mod:`~dspark.formats.export.gguf_draft`, :mod:`~dspark.formats.export.gguf_target`);
 this module only knows the file format. GGUF stores a tensor's dimensions innermost
 first (``ne[0]`` = the last numpy axis), so a torch ``[out, in]`` weight is llama.cpp's
 ``{in, out}`` as it is: nothing is transposed. Vectors (norms, biases) are always F32,

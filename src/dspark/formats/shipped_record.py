@@ -11,7 +11,7 @@ A record written before curves existed reads with ``curve = None``.
 
 Since issue 36 a record also names its target (vocabulary, depth, the sha256 of its
 embedding and head) and the sha256 of each weight file: a drafter kept outside git (the
-store, :mod:`dspark.drafters.shipped`) is then still described by the repository — what it
+store, :mod:`dspark.formats.shipped`) is then still described by the repository — what it
 is, how it was trained, what τ to expect — and an installed copy is checked against it.
 """
 
@@ -191,7 +191,7 @@ def target_record(folder: Path) -> dict[str, Any] | None:
 
 def file_digests(folder: Path) -> dict[str, str]:
     """sha256 of each file a drafter folder is made of (config and weights)."""
-    from dspark.drafters.folder import file_sha256
+    from dspark.formats.folder import file_sha256
 
     return {
         f.name: file_sha256(f) for f in sorted(folder.iterdir()) if f.is_file() and not f.name.startswith(".")

@@ -12,12 +12,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dspark.cli import main
-from dspark.drafters.export import ExportError, export_drafter
-from dspark.drafters.folder import EXPORT_MANIFEST, DrafterLoadError, load_drafter
+from dspark.formats.export import ExportError, export_drafter
+from dspark.formats.folder import EXPORT_MANIFEST, DrafterLoadError, load_drafter
 from dspark.protocols import SamplingParams
 from dspark.targets import TargetAdapter
-
-from .builders import build, make_state, prompt
+from tests.unit.drafters.builders import build, make_state, prompt
 
 KINDS = ["dspark_markov", "dspark_rnn", "dflash", "eagle3"]
 FORMATS = ["vllm", "sglang", "speculators", "hf"]
@@ -158,7 +157,7 @@ def test_export_writes_the_drafters_plain_rope_not_the_targets_scaling(tmp_path,
 
 
 def test_sglang_export_writes_sts_json_and_sps_table(tmp_path, target):
-    from dspark.drafters.export import read_sps_table
+    from dspark.formats.export import read_sps_table
 
     drafter = build("dspark_markov", target, sts_temperatures=(2.0, 1.5))
     sps = tmp_path / "sps.json"
@@ -261,7 +260,7 @@ def test_both_layer_names_are_refused(tmp_path, target):
 
 
 def test_an_export_that_does_not_reload_identically_is_not_written(tmp_path, target, monkeypatch):
-    from dspark.drafters.export import layouts as export
+    from dspark.formats.export import layouts as export
 
     original = export.LAYOUTS["vllm"]
 

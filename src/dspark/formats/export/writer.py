@@ -1,7 +1,7 @@
 """``export_drafter``: write, validate and only then move an export into place (SPEC §5.4).
 
 The folder is written to a temporary folder beside ``--out``: the format's layout
-(:mod:`~dspark.drafters.export.layouts`), ``dspark_export.json`` (format, method, source,
+(:mod:`~dspark.formats.export.layouts`), ``dspark_export.json`` (format, method, source,
 dtype, sha256 of every file the engines read, which our loader checks) and ``SERVE.md``.
 It is re-loaded there by the strict loader and compared with the source drafter, and
 only then replaces ``--out``; an existing folder is never lost (:func:`_out_check`).
@@ -20,11 +20,12 @@ from torch import nn
 
 from dspark import __version__
 from dspark.drafters.draft_vocab import to_file_state
-from dspark.drafters.export.gguf_export import GGUF_FILES, export_gguf
-from dspark.drafters.export.layouts import FORMATS, LAYOUTS, ExportError, ExportInput
-from dspark.drafters.export.serve import serve_instructions
-from dspark.drafters.export.sidecars import SPS_NAME, STS_NAME
-from dspark.drafters.folder import (
+from dspark.drafters.kinds import DrafterKind, kind_of_config
+from dspark.formats.export.gguf_export import GGUF_FILES, export_gguf
+from dspark.formats.export.layouts import FORMATS, LAYOUTS, ExportError, ExportInput
+from dspark.formats.export.serve import serve_instructions
+from dspark.formats.export.sidecars import SPS_NAME, STS_NAME
+from dspark.formats.folder import (
     CONFIG_NAME,
     DRAFTER_FILES,
     EXPORT_MANIFEST,
@@ -34,7 +35,6 @@ from dspark.drafters.folder import (
     file_sha256,
     load_drafter,
 )
-from dspark.drafters.kinds import DrafterKind, kind_of_config
 from dspark.output_folders import OutputFolderError, check_replaceable, temp_folder
 from dspark.targets import TargetAdapter
 
@@ -94,7 +94,7 @@ def export_drafter(
 
     ``source`` (the drafter folder) and ``target_name`` (what engines pass as the model)
     are recorded in the manifest and ``SERVE.md``; ``sps_table`` (from
-    :func:`~dspark.drafters.export.sidecars.read_sps_table`) is converted for SGLang.
+    :func:`~dspark.formats.export.sidecars.read_sps_table`) is converted for SGLang.
     The export is validated (module docstring) before it replaces anything.
     """
     if fmt not in FORMATS:
@@ -165,7 +165,7 @@ def export_drafter(
 
 
 def _export_gguf(drafter, target, out: Path, dtype, source, target_name: str | None, check: dict) -> Path:
-    """``--format gguf`` (:mod:`~dspark.drafters.export.gguf_export`), validated and published alike."""
+    """``--format gguf`` (:mod:`~dspark.formats.export.gguf_export`), validated and published alike."""
     tmp = temp_folder(out)
     try:
         export_gguf(

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from dspark.drafters.export.gguf_file import LAYER_NAMES, GgufContent, write_gguf
-from dspark.drafters.export.layouts import ExportError
+from dspark.formats.export.gguf_file import LAYER_NAMES, GgufContent, write_gguf
+from dspark.formats.export.layouts import ExportError
 
 # llama.cpp token types (llama_token_type): normal, control (special added), user-defined.
 TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED = 1, 3, 4

@@ -11,8 +11,8 @@ from safetensors.torch import load_file, save_file
 from dspark.drafters.dflash import DFlashConfig, DFlashDrafter
 from dspark.drafters.dspark import DSparkConfig, DSparkDrafter
 from dspark.drafters.eagle3 import Eagle3Config, Eagle3Drafter
-from dspark.drafters.folder import DrafterLoadError, load_drafter, save_drafter
 from dspark.drafters.registry import TRAINABLE
+from dspark.formats.folder import DrafterLoadError, load_drafter, save_drafter
 from dspark.protocols import SamplingParams, SequenceState
 from dspark.targets import TargetAdapter
 

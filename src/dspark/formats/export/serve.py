@@ -14,8 +14,8 @@ import shlex
 from pathlib import Path
 
 from dspark import __version__
-from dspark.drafters.export.sidecars import SPS_NAME, STS_NAME
 from dspark.drafters.kinds import DrafterKind
+from dspark.formats.export.sidecars import SPS_NAME, STS_NAME
 
 
 def _vllm(kind: DrafterKind, folder: Path, target: str, gamma: int, adaptive: bool) -> str:
