@@ -9,7 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
-from dspark.commands.argtypes import int_list, non_negative_float, positive_int
+from dspark.commands.argtypes import drafter_specs, int_list, non_negative_float, positive_int
 from dspark.commands.options import add_block_size, add_dtype, add_target
 
 
@@ -22,6 +22,7 @@ def add_bench_tree_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=positive_int, default=10, help="prompts per set")
     p.add_argument(
         "--drafters",
+        type=drafter_specs,
         default="dspark,dflash",
         help="comma-separated drafters that grow token trees: dspark, dflash (shipped names) or their "
         "folders; eagle3 has no tree yet",

@@ -32,6 +32,7 @@ CASES = [
     (["bench", "decode", "--drafters", f"none,{MISSING}"], "--drafters", "no such drafter folder"),
     (["bench", "serve", "--target", "/nonexistent"], "--target", "no such model folder"),
     (["bench", "round", "--drafter", MISSING], "--drafter", "no such drafter folder"),
+    (["bench", "tree", "--drafters", f"dspark,{MISSING}"], "--drafters", "no such drafter folder"),
     (
         ["data", "regenerate", "--prompts", "math", "--out", "{tmp}/a.jsonl", "--drafter", MISSING],
         "--drafter",
