@@ -53,7 +53,7 @@ def main() -> None:
     ns = ap.parse_args()
     torch.set_num_threads(1)
 
-    from dspark import distributed
+    from dspark.training import distributed
     from dspark.data.samples import TrainDataset, tokenize_records
     from dspark.drafters.dspark import DSparkDrafter
     from dspark.presets import drafters as presets

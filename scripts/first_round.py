@@ -42,7 +42,9 @@ for spec in args.drafters:
     for prompt_set in args.prompts.split(","):
         ids = [prompt_ids(target.tokenizer, q) for q in load_prompts(prompt_set, args.limit)]
         engine = Engine(
-            target, drafter, EngineConfig(block_size=7, policy="fixed", max_batch=1, max_seq_len=1024)
+            target,
+            drafter,
+            EngineConfig(payoff=False, block_size=7, policy="fixed", max_batch=1, max_seq_len=1024),
         )
         engine._drafts._after_prompt = True  # ask every drafter in round 0 (a benchmark aid)
         results = engine.generate(ids, SamplingParams(temperature=0.0, max_tokens=args.max_tokens))

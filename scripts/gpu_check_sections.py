@@ -140,7 +140,7 @@ def _train_one(
 ) -> dict:
     import torch
 
-    from dspark import distributed
+    from dspark.training import distributed
     from dspark.data.samples import TrainDataset, TrainSample
     from dspark.drafters.dspark import DSparkConfig, DSparkDrafter
     from dspark.training.trainer import TrainConfig, Trainer

@@ -2,8 +2,8 @@
 
 Every ``import dspark.X`` / ``from dspark.X import ...`` / ``from dspark import X`` (top
 level or inside a function) is an edge from the importing package to package ``X``. A
-top-level module (``errors.py``, ``protocols.py``, ``distributed.py``, ``threads.py``,
-``cli.py``) counts as a package.
+top-level module (``errors.py``, ``protocols.py``, ``threads.py``, ``cli.py``) counts as a
+package.
 
 The intended architecture is :data:`LAYERS`: a package may import only packages of a
 strictly lower layer. The wiring layer ``commands`` (and ``cli`` above it) may import
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1] / "src" / "dspark"
 # only layer 0 (``threads``, which must set OpenMP's wait policy before torch loads).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "threads", "durable", "user_cache"),
-    ("protocols", "distributed", "output_folders", "conditions", "__init__"),
+    ("protocols", "output_folders", "conditions", "__init__"),
     ("sampling", "heads", "targets", "scheduler", "calibration", "tiny"),
     ("decoding", "drafters"),
     ("engine", "presets", "formats"),

@@ -34,6 +34,7 @@ class SequenceState:
     prompt_len: int
     features: torch.Tensor | None = None  # [T-1, L, H] raw outputs of target_layer_ids
     drafter_cache: Any = None
+    lookup_index: Any = None  # prompt lookup's index of token positions (drafters/ngram.py)
 
     @property
     def num_generated(self) -> int:
@@ -132,16 +133,45 @@ def acceptance_length(accepted: float, rounds: float) -> float:
     return (accepted + rounds) / rounds if rounds else 0.0
 
 
+@dataclass(frozen=True)
+class DrafterTraits:
+    """What a drafter tells the engine about itself, in one place (DESIGN §9, §10).
+
+    - ``deterministic``: its proposal is a function of the tokens alone (prompt lookup), so
+      the engine computes it before planning a round (it bounds what the drafter can offer)
+      and later compares it with what the request emitted, a free observation of its
+      acceptance (``scheduler/controller.py``).
+    - ``after_prompt``: worth asking in a request's first round, whose anchor is the prompt's
+      last token. Not a drafter trained only on response anchors (DESIGN §6: positions ``i``
+      and ``i + 1`` both supervised): it never learned an answer's first token, and its drafts
+      there are rejected (0 of 7 on every prompt, for the tiny target's DFlash, DSpark and
+      Eagle3). That round decodes plainly instead.
+    - ``lazy``: it absorbs the committed tokens' features when it next proposes
+      (:class:`LazyDrafter`), so the rounds it does not draft cost it nothing.
+    - ``chain``: one forward per draft with one row per request (Eagle3), instead of one
+      forward over the anchor and the block's ``K`` slots (DFlash, DSpark): the rows a request
+      adds to a drafter call, which splits a call's seconds into its shared and per-request parts.
+    """
+
+    deterministic: bool = False
+    after_prompt: bool = True
+    lazy: bool = False
+    chain: bool = False
+
+    def rows_per_request(self, block_size: int) -> int:
+        return 1 if self.chain else block_size + 1
+
+
 @runtime_checkable
 class Drafter(Protocol):
-    """What the decoding loop needs from a drafter (SPEC §5).
+    """What the decoding loop needs from a drafter (DESIGN §5).
 
     ``target_layer_ids`` names the target layers whose raw outputs the drafter reads
     (empty for drafters that need no features, like n-gram lookup); every target forward
     of a decode is passed them. ``block_size`` is the most drafts one ``propose`` makes
-    (γ), the default verification length of a round. A drafter may also say
-    ``drafts_after_prompt = False``: it is not asked in a request's first round, whose
-    anchor is the prompt's last token (:func:`drafts_after_prompt`).
+    (γ), the default verification length of a round. ``traits`` (:class:`DrafterTraits`)
+    says how the engine should treat it; a drafter that declares none gets the defaults
+    (:func:`drafter_traits`).
     """
 
     target_layer_ids: tuple[int, ...]
@@ -158,29 +188,24 @@ class Drafter(Protocol):
         ...
 
 
-def draft_rows_per_request(drafter: Drafter, block_size: int) -> int:
-    """Rows each request adds to one forward of ``drafter``'s ``propose`` for a block of
-    ``block_size`` drafts: ``K + 1`` for a drafter that drafts its block in one forward (DFlash,
-    DSpark: the anchor and the K mask slots), 1 for one that runs a forward per draft (Eagle3's
-    chain, ``chain_drafts``). What the payoff controller scales the target's step line by to
-    split a drafter's seconds per call from its seconds per request while its calls were all of
-    one size (``engine/payoff_drafting.py: model_split``). With ``K + 1`` for Eagle3, calls timed
-    at one request priced a call at 16 requests at about twice what it took, and kept Eagle3 from
-    drafting where it paid (built-in math, 4 requests: BENCHMARKS.md, issue 17 at its close)."""
-    return 1 if getattr(drafter, "chain_drafts", False) else block_size + 1
+@runtime_checkable
+class LazyDrafter(Drafter, Protocol):
+    """A drafter with ``traits.lazy``: told only about the rounds it drafted, it absorbs the
+    features of every token committed since when it next proposes."""
+
+    def pending(self, state: SequenceState) -> int:
+        """Committed tokens whose features it has not absorbed yet."""
+        ...
+
+    def catch_up(self, states: list[SequenceState], sampling: list[SamplingParams]) -> None:
+        """Absorb them now (also creates a request's cache on its first proposal)."""
+        ...
 
 
-def drafts_after_prompt(drafter: Drafter) -> bool:
-    """Is ``drafter`` worth asking in a request's first round, right after its prompt?
-
-    Not a drafter trained only on response anchors (SPEC §6: positions ``i`` and ``i + 1``
-    both supervised): it never saw the prompt's last token as an anchor, so it never
-    learned the first token of an answer, and its drafts in that round are rejected
-    (0 of 7 accepted on every prompt, for the tiny target's DFlash, DSpark and Eagle3).
-    That round decodes plainly instead; skipping it loses nothing and, under payoff
-    control, keeps those certain rejections out of the acceptance estimates.
-    """
-    return getattr(drafter, "drafts_after_prompt", True)
+def drafter_traits(drafter: Drafter) -> DrafterTraits:
+    """``drafter.traits``, or the defaults for a drafter that declares none."""
+    traits = getattr(drafter, "traits", None)
+    return traits if isinstance(traits, DrafterTraits) else DrafterTraits()
 
 
 @runtime_checkable

@@ -104,7 +104,10 @@ def test_engine_greedy_equals_plain_greedy_on_cuda(dtype, policy):
     refs = references(target)
     sps = SpsTable.from_dict({b: 1.0 / (1.0 + b / 12) for b in range(1, 300)})
     engine = Engine(
-        target, NgramDrafter(target.vocab_size), EngineConfig(policy=policy, max_batch=8), sps=sps
+        target,
+        NgramDrafter(target.vocab_size),
+        EngineConfig(payoff=False, policy=policy, max_batch=8),
+        sps=sps,
     )
     prompts = [list(p) for p in refs]
     results = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=N))

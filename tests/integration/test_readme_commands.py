@@ -185,9 +185,7 @@ def _serve(words: list[str], cwd: Path, env: dict[str, str]) -> None:
         reply = httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=60)
         assert reply.status_code == 200 and reply.json()["choices"][0]["text"] is not None
         metrics = httpx.get(f"{url}/metrics", headers=headers, timeout=10).text
-        assert (
-            "dspark_drafting_unprofitable_share" in metrics and "dspark_engine_cost_checked_total" in metrics
-        )
+        assert "dspark_plain_round_share" in metrics and "dspark_engine_planned_rounds_total" in metrics
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)

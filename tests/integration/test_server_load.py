@@ -166,7 +166,7 @@ class EngineWithABrokenLoop(Engine):
 
 
 def test_dead_engine_is_503(target):
-    engine = EngineWithABrokenLoop(target, None, EngineConfig(max_batch=4, max_seq_len=128))
+    engine = EngineWithABrokenLoop(target, None, EngineConfig(payoff=False, max_batch=4, max_seq_len=128))
     with (
         serving(EngineWorker(engine, idle_wait_s=0.01), max_queue=4) as url,
         httpx.Client(timeout=30) as client,

@@ -118,7 +118,7 @@ class InProcessBackend:
         self.max_concurrency = max_batch
         # prompt + answer per KV slot; None = the engine's default (min(context, 4096))
         self.config = EngineConfig(
-            block_size=block_size, policy=policy, max_batch=max_batch, max_seq_len=max_seq_len
+            payoff=False, block_size=block_size, policy=policy, max_batch=max_batch, max_seq_len=max_seq_len
         )
         self.name = name or f"inprocess:{getattr(target.config, '_name_or_path', '') or 'target'}"
         self._worker: EngineWorker | None = None

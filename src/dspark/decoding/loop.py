@@ -31,7 +31,7 @@ from dspark.protocols import (
     RoundLog,
     SamplingParams,
     SequenceState,
-    drafts_after_prompt,
+    drafter_traits,
 )
 from dspark.sampling import batch_probs, verify
 from dspark.targets import TargetAdapter, TargetCache
@@ -214,8 +214,8 @@ def speculative_generate(
     out = Transcript(req.state, params, target.eos_token_ids, max_new, decode, on_tokens, started)
     while not out.finished:
         max_len = out.draft_budget(block_size)
-        if not out.generated and drafter is not None and not drafts_after_prompt(drafter):
-            max_len = 0  # its first-round drafts are never accepted (protocols.drafts_after_prompt)
+        if not out.generated and drafter is not None and not drafter_traits(drafter).after_prompt:
+            max_len = 0  # its first-round drafts are never accepted (DrafterTraits.after_prompt)
         block = (
             drafter.propose([req.state], max_len, [params])
             if drafter is not None and max_len > 0

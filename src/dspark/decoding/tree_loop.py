@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from dspark.decoding.loop import OnTokens, Transcript, start_request
-from dspark.protocols import GenerationResult, SamplingParams, drafts_after_prompt
+from dspark.protocols import GenerationResult, SamplingParams, drafter_traits
 from dspark.sampling import batch_probs
 from dspark.sampling.tree import TreeBlock, TreeConfig, verify_tree
 from dspark.scheduler.profile import SpsTable
@@ -130,7 +130,7 @@ def tree_generate(
     out = Transcript(req.state, params, target.eos_token_ids, max_new, decode, on_tokens, started)
     while not out.finished:
         max_len = out.draft_budget(block_size)  # a round emits at most depth + 1 tokens
-        if not out.generated and not drafts_after_prompt(drafter):
+        if not out.generated and not drafter_traits(drafter).after_prompt:
             max_len = 0
         if max_len > 0:
             trees = select_nodes(drafter.propose_tree([req.state], max_len, [params], config), budget)

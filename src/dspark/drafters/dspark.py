@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from dspark.drafters.blocks import batch_layout, pack_blocks
 from dspark.drafters.common import DecoderDims, build_from_target
-from dspark.drafters.dflash import DFlashBackbone, hold_backbone
+from dspark.drafters.backbone import BackboneDrafter, DFlashBackbone, hold_backbone
 from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, dspark_objective
 from dspark.drafters.request_state import assert_states, draw_drafts
 from dspark.drafters.tree import SlotScores, build_trees
@@ -55,7 +55,7 @@ class DSparkConfig:
     sts_temperatures: tuple[float, ...] | None = None  # fitted by calibration (SPEC §8)
     draft_vocab_size: int | None = None  # N most frequent training tokens (issue 16); None = all
     # trained with the prompt's last token as an anchor too (TrainConfig.prompt_end_anchors):
-    # then it drafts a request's first round (protocols.drafts_after_prompt)
+    # then it drafts a request's first round (DrafterTraits.after_prompt)
     prompt_end_anchors: bool = False
     objective: ObjectiveConfig = field(default_factory=dspark_objective)
 
@@ -72,18 +72,14 @@ class DSparkConfig:
             raise ValueError(f"sts_temperatures must be > 0, got {self.sts_temperatures}")
 
 
-class DSparkDrafter(nn.Module):
+class DSparkDrafter(BackboneDrafter, nn.Module):
     """Semi-autoregressive drafter: parallel backbone, sequential sampling loop, confidences.
 
-    It holds a :class:`~dspark.drafters.dflash.DFlashBackbone` (``self.backbone``) whose
+    It holds a :class:`~dspark.drafters.backbone.DFlashBackbone` (``self.backbone``) whose
     weights keep their own names beside the heads' (``fc.weight``, ``markov_head.*``).
     """
 
     backbone: DFlashBackbone
-
-    @property
-    def drafts_after_prompt(self) -> bool:  # protocols.drafts_after_prompt
-        return self.config.prompt_end_anchors
 
     def __init__(self, config: DSparkConfig, dims: DecoderDims) -> None:
         super().__init__()

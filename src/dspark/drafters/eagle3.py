@@ -47,9 +47,10 @@ from dspark.drafters.request_state import (
     batch_context,
     draw_drafts,
     padded_context_mask,
+    pending_tokens,
     sync_requests,
 )
-from dspark.protocols import DraftBlock, SamplingParams, SequenceState, TrainBatch, TrainOutput
+from dspark.protocols import DraftBlock, DrafterTraits, SamplingParams, SequenceState, TrainBatch, TrainOutput
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,7 +61,7 @@ class Eagle3Config:
     target_layer_ids: tuple[int, ...] | None = None  # None = the target adapter's
     draft_vocab_size: int | None = None  # N most frequent training tokens (d2t, issue 16); None = all
     # trained with the prompt's last token as an anchor too (TrainConfig.prompt_end_anchors):
-    # then it drafts a request's first round (protocols.drafts_after_prompt)
+    # then it drafts a request's first round (DrafterTraits.after_prompt)
     prompt_end_anchors: bool = False
     objective: ObjectiveConfig = field(default_factory=eagle3_objective)
 
@@ -104,11 +105,16 @@ class Eagle3Layer(nn.Module):
 class Eagle3Drafter(nn.Module):
     """Eagle3; attribute names give the keys of SPEC §5.4 (``layers.0.hidden_norm`` etc.)."""
 
-    chain_drafts = True  # a forward per draft, one row per request (protocols.draft_rows_per_request)
-
     @property
-    def drafts_after_prompt(self) -> bool:  # protocols.drafts_after_prompt
-        return self.config.prompt_end_anchors
+    def traits(self) -> DrafterTraits:
+        # a forward per draft (chain), lazy; with prompt-end anchors it drafts the first round
+        return DrafterTraits(after_prompt=self.config.prompt_end_anchors, lazy=True, chain=True)
+
+    def pending(self, state: SequenceState) -> int:  # protocols.LazyDrafter
+        return pending_tokens(state)
+
+    def catch_up(self, states: list[SequenceState], sampling: list[SamplingParams]) -> None:
+        sync_requests(self, states, sampling)
 
     def __init__(self, config: Eagle3Config, dims: DecoderDims) -> None:
         super().__init__()

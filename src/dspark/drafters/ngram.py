@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dspark.protocols import DraftBlock, SamplingParams, SequenceState
+from dspark.protocols import DraftBlock, DrafterTraits, SamplingParams, SequenceState
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,7 +55,7 @@ def lookup(tokens: np.ndarray, max_len: int, min_n: int, max_n: int) -> list[int
 class TokenPositions:
     """Where each token value occurs in one growing sequence, for :func:`lookup` without a scan.
 
-    The payoff controller looks up every decoding request for its shadow evidence (issue 17):
+    The engine looks up every decoding request before it plans a round (its offer and its shadow):
     a numpy pass over the whole context per request costs tens of microseconds, where the
     positions of the last token are all a lookup needs. The index grows lazily to the
     sequence's length at each lookup (the engine only appends committed tokens; a sequence
@@ -93,9 +93,12 @@ class TokenPositions:
 
 
 class NgramDrafter:
-    """Prompt-lookup drafter behind the :class:`~dspark.protocols.Drafter` protocol."""
+    """Prompt-lookup drafter behind the :class:`~dspark.protocols.Drafter` protocol: its
+    proposal is a function of the tokens (``traits.deterministic``), looked up through each
+    request's :class:`TokenPositions` (kept on ``state.lookup_index``)."""
 
     target_layer_ids: tuple[int, ...] = ()
+    traits = DrafterTraits(deterministic=True)
 
     def __init__(self, vocab_size: int, config: NgramConfig = NgramConfig()) -> None:
         self.vocab_size = vocab_size
@@ -109,7 +112,9 @@ class NgramDrafter:
         tokens = torch.zeros(R, K, dtype=torch.long)  # [R, K]
         lengths = torch.zeros(R, dtype=torch.long)  # [R]
         for r, state in enumerate(states):
-            found = lookup(np.asarray(state.token_ids), K, self.config.min_n, self.config.max_n)
+            if state.lookup_index is None:
+                state.lookup_index = TokenPositions()
+            found = state.lookup_index.lookup(state.token_ids, K, self.config.min_n, self.config.max_n)
             tokens[r, : len(found)] = torch.tensor(found, dtype=torch.long)
             lengths[r] = len(found)
         return DraftBlock(tokens=tokens, lengths=lengths, probs=None)  # deterministic: one-hot at tokens

@@ -68,6 +68,12 @@ def request_cache(
     return state.drafter_cache
 
 
+def pending_tokens(state) -> int:
+    """Committed tokens whose features the request's context cache lacks (all before its first proposal)."""
+    cache = state.drafter_cache
+    return max(len(state.token_ids) - 1 - (cache.context.length if cache is not None else 0), 0)
+
+
 def sync_requests(net, states, sampling) -> list[torch.Generator | None]:
     """Create each request's missing cache (:func:`request_cache`) and let ``net.sync_context``
     absorb its newly committed features; returns the per-request generators.

@@ -1,4 +1,4 @@
-"""Configuration and counters of the engine (SPEC §10)."""
+"""Configuration and counters of the engine (DESIGN §10)."""
 
 from __future__ import annotations
 
@@ -22,22 +22,20 @@ class EngineConfig:
     max_batch: int = 32  # KV slots = requests decoded at once; more wait in the queue
     max_seq_len: int | None = None  # tokens per slot (prompt + answer); None = min(target's context, 4096)
     prefill_chunk: int = 256  # prompt tokens prefilled per step, over all prefilling requests
-    early_exit: float = 0.1  # skip drafting while P(first draft accepted) is predicted below this
-    probe_every: int = 8  # ... but draft at least every this many rounds to refresh the prediction
-    cost_aware: bool = True  # SPS policies: skip drafting that would cost more time than it saves
-    probe_unprofitable: int = 32  # ... and then probe only every this many rounds
-    # Payoff control (scheduler/payoff.py): per request, draft only when the predicted accepted
-    # tokens repay drafting + verification at this batch, probing now and then; replaces the
-    # early exit and cost-aware drafting. The commands turn it on (--no-payoff-control: off).
-    payoff: bool = False
-    choose_proposer: bool = True  # with payoff: n-gram lookup or the model drafter, per request
-    # fixed d_p (s/request) instead of measured, and steps priced by the SPS table alone (tests)
+    # The speculation controller (scheduler/controller.py): per request and round, draft only
+    # when the predicted accepted tokens repay drafting and verification at this batch, with
+    # the proposer that pays most (choose_proposer: the model drafter or prompt lookup);
+    # off, every request drafts every round with the drafter
+    payoff: bool = True
+    choose_proposer: bool = True
+    # fixed drafting seconds per request by proposer instead of measured ones, and steps priced
+    # by the SPS table alone (a timing for tests)
     draft_costs: tuple[tuple[str, float], ...] | None = None
     sps_path: Path | None = None  # SPS profile to load or create; None = the per-target cache file
 
     def __post_init__(self) -> None:
         parse_policy(self.policy)  # fail at construction on a bad spec
-        if self.block_size < 0 or self.max_batch < 1 or self.prefill_chunk < 1 or self.probe_every < 1:
+        if self.block_size < 0 or self.max_batch < 1 or self.prefill_chunk < 1:
             raise ValueError(f"bad engine config {self}")
 
 
@@ -58,15 +56,12 @@ class EngineStats:
     forward_s: float = 0.0  # the target's verification/prefill forward
     forward_tokens: int = 0  # sum over steps of B, the tokens of the step's forward
     max_forward_tokens: int = 0
-    # cost-aware drafting (scheduler/drafting.py): decode rounds it judged, and those it found
-    # not worth drafting (they decode plainly, re-probing every probe_every rounds)
-    cost_checked: int = 0
-    cost_unprofitable: int = 0
-    # payoff control: rounds drafted by each proposer (the others decoded plainly)
+    # the speculation controller: rounds it planned, those it decoded plainly, and per proposer
+    planned_rounds: int = 0
+    plain_rounds: int = 0
     ngram_rounds: int = 0
     model_rounds: int = 0
     model_probes: int = 0  # model rounds that were probes (a short verification while it does not pay)
-    quiet_plans: int = 0  # payoff plans reused by a batch that decodes plainly (``QUIET_REPLAN``)
 
     @property
     def overhead_share(self) -> float:

@@ -1,36 +1,23 @@
-"""The batched speculative-decoding engine: continuous batching with a scheduler (SPEC §10).
+"""The batched speculative-decoding engine: continuous batching with a controller (DESIGN §10).
 
-One :meth:`Engine.step`:
+One :meth:`Engine.step` is a pipeline of stages over named data:
 
-1. **admit** queued requests into free KV slots (the preallocated memory is the limit);
-2. **prefill**: pick prompt chunks of prefilling requests, up to ``prefill_chunk``
-   tokens per step (chunked prefill, mixed with the decode runs below);
-3. **draft** for every decoding request, except those the difficulty-aware early exit
-   skips (their own history says the first draft would likely be rejected) and, under
-   the SPS-driven policies, those whose expected accepted tokens would not repay the
-   drafting and verification time (cost-aware drafting, ``scheduler/drafting.py``); with
-   ``EngineConfig.payoff`` instead, each request drafts with the proposer (n-gram lookup
-   or the model) its own history says pays most now, or not at all
-   (``scheduler/payoff.py``, ``engine/payoff_drafting.py``);
-4. **schedule**: the policy turns confidences (the drafter's, or the online estimator's)
-   into per-request verification lengths ``ℓ_r`` (``scheduler/policies.py``);
-5. **one target forward** over the flattened runs — each decoding request's anchor and
-   ``ℓ_r`` drafts, each prefill chunk (``targets/flat.py``);
-6. **verify** by rejection sampling (``sampling/rejection.py``), per-request RNGs;
-7. **commit / roll back** each request's KV to anchor + accepted drafts, cut at EOS /
-   ``max_tokens`` / stop strings (``decoding/stopping.py``), stream the tokens, free the
-   slots of finished requests.
+1. **admit** queued requests into free KV slots (the preallocated memory is the limit), and
+   pick prompt chunks to **prefill**, up to ``prefill_chunk`` tokens per step, mixed with
+   the decode runs below;
+2. **plan and draft** (:class:`~dspark.engine.draft_stage.DraftStage` → ``Drafts``): the
+   speculation controller picks per request a proposer or none (``engine/speculation.py``),
+   each proposer drafts for its requests, and the policy turns confidences into
+   verification lengths ``ℓ_r`` (``scheduler/policies.py``);
+3. **forward** (:meth:`Engine._forward` → ``FlatOutput``): one target forward over the
+   flattened runs, each decoding request's anchor and ``ℓ_r`` drafts, each prefill chunk;
+4. **verify, commit, observe** (:class:`~dspark.engine.verify_stage.VerifyStage` →
+   ``TokenEvent``): rejection sampling with per-request RNGs, the KV rolled back to anchor +
+   accepted drafts, stop rules, streamed tokens, and the outcomes back to the controller.
 
-Lossless: every choice made before verification — early exit, caps, ``ℓ_r`` — is a
+Lossless: every choice made before verification (the proposer, the caps, ``ℓ_r``) is a
 function of the history and of drafts before the one it admits, never of the draft it
-admits (``scheduler/policies.py``), so each request's output has the target's
-distribution whatever the batch. With a batch-independent policy (``fixed``,
-``fixed:k``, ``threshold:t`` on drafter confidences) a seeded request gives the same
-tokens alone or in any batch.
-
-This module holds the public API, admission, prefill planning and the forward (stages
-1, 2, 5); drafting and scheduling (3, 4) are :class:`~dspark.engine.draft_stage.DraftStage`,
-verification and commit (6, 7) :class:`~dspark.engine.verify_stage.VerifyStage`.
+admits, so each request's output has the target's distribution whatever the batch.
 """
 
 from __future__ import annotations
@@ -43,17 +30,17 @@ from collections.abc import Callable, Sequence
 import torch
 
 from dspark.engine.config import DEFAULT_MAX_SEQ_LEN, EngineConfig, EngineStats
-from dspark.engine.draft_stage import DraftStage
+from dspark.engine.draft_stage import Drafts, DraftStage
 from dspark.engine.kv import KVMemory
-from dspark.engine.payoff_drafting import PayoffDrafting, pricing_clock
-from dspark.engine.profile import load_or_profile
+from dspark.engine.profile import load_or_profile, pricing_clock
 from dspark.engine.requests import OnTokens, Request, RequestFailedError, TokenEvent
+from dspark.engine.speculation import Speculation
 from dspark.engine.verify_stage import VerifyStage
 from dspark.errors import DsparkError, PromptTooLongError
 from dspark.protocols import Drafter, GenerationResult, SamplingParams, SequenceState
-from dspark.scheduler import ConfidenceEstimator, FirstAcceptPredictor, SpsTable, parse_policy
+from dspark.scheduler import ConfidenceEstimator, SpsTable, parse_policy
 from dspark.targets import TargetAdapter
-from dspark.targets.flat import KVStore, Run, flat_forward
+from dspark.targets.flat import FlatOutput, KVStore, Run, flat_forward
 
 logger = logging.getLogger(__name__)
 
@@ -97,14 +84,13 @@ class Engine:
         self._layer_ids = target.feature_layers(drafter.target_layer_ids) if drafter is not None else ()
         self._needs_features = len(self._layer_ids) > 0
         self._queue: deque[Request] = deque()
-        self._batch_job = False  # inside :meth:`generate`: every request submitted at once
         self._active: list[Request] = []  # requests holding a KV slot, in admission order
         self._finished: dict[int, Request] = {}
         self._next_id = 0
         self._step_index = 0  # never reset (stats may be), for prefix-async's stale confidences
-        self.payoff = None  # per-request proposer choice (engine/payoff_drafting.py)
+        self.speculation = None  # the speculation controller's engine side (engine/speculation.py)
         if config.payoff and drafter is not None:
-            self.payoff = PayoffDrafting(
+            self.speculation = Speculation(
                 drafter,
                 target.vocab_size,
                 config.block_size,
@@ -113,24 +99,22 @@ class Engine:
                 draft_costs=dict(config.draft_costs) if config.draft_costs is not None else None,
                 clock=pricing_clock(target.device),
             )
-        # Stages 3-4 and 6-7 of ``step``, over the same collaborators (engine/draft_stage.py,
-        # engine/verify_stage.py).
         self._drafts = DraftStage(
             drafter=drafter,
             config=config,
             policy=self.policy,
             sps=self.sps,
             estimator=self.estimator,
-            payoff=self.payoff,
+            speculation=self.speculation,
             vocab_size=target.vocab_size,
             finish=self._finish,
         )
-        self._verifier = VerifyStage(
+        self._verify = VerifyStage(
             target=target,
             kv=self.kv,
             drafter=drafter,
             estimator=self.estimator,
-            payoff=self.payoff,
+            speculation=self.speculation,
             decode=decode,
             finish=self._finish,
         )
@@ -159,8 +143,6 @@ class Engine:
                 max_new=min(params.max_tokens, self.kv.capacity - len(prompt_ids)),
                 generator=torch.Generator().manual_seed(params.seed) if params.seed is not None else None,
                 on_tokens=on_tokens,
-                predictor=FirstAcceptPredictor(estimate=self.estimator.config.prior),
-                payoff=self.payoff.controller() if self.payoff is not None else None,
             )
         )
         return rid
@@ -198,12 +180,8 @@ class Engine:
         """Run ``prompts`` to completion as one continuous batch; results in prompt order."""
         params = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         ids = [self.submit(p, sp) for p, sp in zip(prompts, params, strict=True)]
-        self._batch_job = True  # the batch takes as long as its last request (payoff's drain value)
-        try:
-            while self.has_work():
-                self.step()
-        finally:
-            self._batch_job = False
+        while self.has_work():
+            self.step()
         results = [self.pop_result(i) for i in ids]
         failed = next((r for r in results if r.finish_reason == "error"), None)
         if failed is not None:
@@ -221,16 +199,13 @@ class Engine:
         while every other one goes on (:meth:`_replay_alone`).
         """
         started = time.perf_counter()
-        if self.payoff is not None:  # the step times payoff control prices with: the whole step
-            self.payoff.start_step()
-            priced_started = self.payoff.clock()
+        spec = self.speculation
+        priced_started = spec.clock() if spec is not None else 0.0  # what its prices are timed on
         while self._queue and self.kv.num_free:
             req = self._queue.popleft()
             self.kv.allocate(req.id)
             self._active.append(req)
         decoding = [r for r in self._active if self._uncached(r) == 0]
-        if self.payoff is not None:
-            self.payoff.draining = self._batch_job and not self._queue
         prefill = self._plan_prefill()
         if not decoding and not prefill:
             return []
@@ -239,30 +214,43 @@ class Engine:
         except Exception as error:  # noqa: BLE001 - one request's failure must not end the others
             return self._replay_alone(decoding, prefill, error)
         self.stats.step_s += time.perf_counter() - started
-        if self.payoff is not None and not prefill:
-            self.payoff.observe_step(num_decode_rows, self.payoff.clock() - priced_started, num_decoding)
+        if spec is not None and not prefill:
+            spec.observe_step(num_decoding, num_decode_rows, spec.clock() - priced_started)
         return events
 
     def _run(
         self, decoding: list[Request], prefill: list[tuple[Request, int]]
     ) -> tuple[list[TokenEvent], int, int]:
         """One step over these requests; returns the events, the decode rows and the requests decoded."""
-        block, drafting = self._drafts.draft(decoding, self.stats)
+        drafts = self._drafts(decoding, sum(n for _, n in prefill), self._step_index, self.stats)
         failed = [TokenEvent(r.id, [], "error") for r in decoding if r.finish_reason == "error"]
         if failed:
             decoding = [r for r in decoding if r.finish_reason is None]
             if not decoding and not prefill:
                 return failed, 0, 0
-        lengths = self._drafts.schedule(
-            decoding, block, drafting, sum(n for _, n in prefill), self._step_index
-        )
+        out, offsets, num_decode_rows, num_rows = self._forward(decoding, drafts, prefill)
+        # Past this point each request commits alone: a failure there fails that request only
+        # (VerifyStage), so nothing committed here is ever replayed.
+        events = failed + self._verify(decoding, drafts, out, offsets, self.stats)
 
+        self._step_index += 1
+        s = self.stats
+        s.steps += 1
+        s.prefill_tokens += sum(n for _, n in prefill)
+        s.forward_tokens += num_rows
+        s.max_forward_tokens = max(s.max_forward_tokens, num_rows)
+        return events, num_decode_rows, len(decoding)
+
+    def _forward(
+        self, decoding: list[Request], drafts: Drafts, prefill: list[tuple[Request, int]]
+    ) -> tuple[FlatOutput, list[int], int, int]:
+        """One target forward over every decoding request's anchor and drafts and every prefill
+        chunk; returns the output, each decoding request's anchor row, and the decode and total rows."""
         runs, ids, offsets = [], [], []
-        for req, n in zip(decoding, lengths.tolist()):
+        for i, req in enumerate(decoding):
             offsets.append(len(ids))  # where the request's anchor sits in the flat batch
-            drafts = block.tokens[drafting[req.id], :n].tolist() if n else []
-            ids += [req.state.token_ids[-1], *drafts]
-            runs.append(Run(self.kv.slot(req.id), self.kv.length(req.id), 1 + n))
+            ids += [req.state.token_ids[-1], *drafts.of(i, req)]
+            runs.append(Run(self.kv.slot(req.id), self.kv.length(req.id), len(ids) - offsets[-1]))
         num_decode_rows = len(ids)
         for req, n in prefill:
             start = self.kv.length(req.id)
@@ -281,26 +269,13 @@ class Engine:
         # A drafter fed other layers than it reads would silently lose its acceptance.
         assert not self._needs_features or out.layer_ids == self._layer_ids, (out.layer_ids, self._layer_ids)
         self.stats.forward_s += time.perf_counter() - forward_started
-
-        prefill_offset = num_decode_rows
+        offset = num_decode_rows
         for req, n in prefill:
             if out.features is not None:
-                req.state.features = req.features.append(out.features[prefill_offset : prefill_offset + n])
+                req.state.features = req.features.append(out.features[offset : offset + n])
             self.kv.set_length(req.id, self.kv.length(req.id) + n)
-            prefill_offset += n
-        # Past this point each request commits alone: a failure there fails that request only
-        # (VerifyStage), so nothing committed here is ever replayed.
-        events = failed + self._verifier.verify_and_commit(
-            decoding, block, drafting, lengths, out, offsets, self.stats
-        )
-
-        self._step_index += 1
-        s = self.stats
-        s.steps += 1
-        s.prefill_tokens += sum(n for _, n in prefill)
-        s.forward_tokens += len(ids)
-        s.max_forward_tokens = max(s.max_forward_tokens, len(ids))
-        return events, num_decode_rows, len(decoding)
+            offset += n
+        return out, offsets, num_decode_rows, len(ids)
 
     def _replay_alone(
         self, decoding: list[Request], prefill: list[tuple[Request, int]], error: Exception
@@ -356,4 +331,6 @@ class Engine:
             self.kv.release(req.id)
         if req in self._active:
             self._active.remove(req)
+        if self.speculation is not None:
+            self.speculation.forget(req)
         self._finished[req.id] = req

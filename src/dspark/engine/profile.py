@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 
-from dspark.engine.payoff_drafting import pricing_clock
 from dspark.scheduler import SpsTable, default_sizes, measure_sps
 from dspark.targets import TargetAdapter
 from dspark.targets.flat import MERGE_PADDING, KVStore, Run, flat_forward
@@ -44,12 +43,24 @@ def architecture_digest(config) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def pricing_clock(device: torch.device | str, threads: int | None = None) -> Callable[[], float]:
+    """The clock step and drafting seconds are measured on (profiles and the controller's prices).
+
+    A CPU target on one thread runs every forward in the engine's thread: that thread's CPU
+    time (``time.thread_time``) is what the engine spends, and unlike wall time it does not
+    count the time other processes of a shared machine hold the core (on a 3x oversubscribed
+    machine, wall-clock steps swing 2x between neighbours). With several threads (whose waits
+    may sleep) or on an accelerator, wall time."""
+    threads = torch.get_num_threads() if threads is None else threads
+    if torch.device(device).type == "cpu" and threads == 1:
+        return time.thread_time
+    return time.perf_counter
+
+
 def profile_clock(target: TargetAdapter) -> tuple[str, Callable[[], float]]:
-    """``(name, clock)`` a profile is timed on: the clock the payoff controller prices with
-    (:func:`~dspark.engine.payoff_drafting.pricing_clock`). On a one-thread CPU target that is
-    the thread's CPU time, so a profile taken while other processes hold the cores is the
-    one an idle machine gives (wall-clock profiles taken under load were 3-6x too slow at
-    small B and set the wrong regime: issue 17)."""
+    """``(name, clock)`` a profile is timed on: the controller's (:func:`pricing_clock`), so a
+    profile taken while other processes hold the cores is the one an idle machine gives
+    (wall-clock profiles taken under load were 3-6x too slow at small B)."""
     clock = pricing_clock(target.device)
     return ("thread" if clock is time.thread_time else "wall"), clock
 

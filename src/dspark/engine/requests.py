@@ -1,4 +1,4 @@
-"""A request's life inside the engine: queued → prefill → decode → finished (SPEC §10).
+"""A request's life inside the engine: queued → prefill → decode → finished (DESIGN §10).
 
 Everything the engine keeps per request lives in :class:`Request`; the public face of a
 request is its id, the :class:`TokenEvent` stream and the final
@@ -15,11 +15,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from dspark.drafters.ngram import TokenPositions
 from dspark.errors import DsparkError
 from dspark.protocols import GenerationResult, RoundLog, SamplingParams, SequenceState
-from dspark.scheduler import FirstAcceptPredictor
-from dspark.scheduler.payoff import PayoffController
 
 OnTokens = Callable[[list[int]], None]
 
@@ -43,8 +40,8 @@ class FeatureBuffer:
     ``state.features`` is a view of the filled part, so appending a round's few rows
     never copies the whole history (a ``torch.cat`` per round would, per request).
 
-    A round the drafter is not told about (a lazily updated drafter under payoff control,
-    decoding plainly) only defers its rows (:meth:`defer`): a reference to the step's feature
+    A round the drafter is not told about (a lazy drafter that did not draft it,
+    ``DrafterTraits.lazy``) only defers its rows (:meth:`defer`): a reference to the step's feature
     tensor, copied in by :meth:`rows` when the drafter next reads ``state.features``, or
     once :data:`DEFER_LIMIT` rounds are pending (which bounds the step tensors kept
     alive). No per-request tensor work in a plain round; the same rows in the end.
@@ -104,18 +101,16 @@ class Request:
     max_new: int  # max_tokens, clamped to what the KV slot holds
     generator: torch.Generator | None  # the verification RNG, seeded from params.seed
     on_tokens: OnTokens | None
-    predictor: FirstAcceptPredictor
     features: FeatureBuffer = field(default_factory=FeatureBuffer)
     generated: list[int] = field(default_factory=list)
     rounds: list[RoundLog] = field(default_factory=list)
     # (step index, confidences [K]) of the last few drafting rounds, for prefix-async
     confidence_history: deque = field(default_factory=lambda: deque(maxlen=4))
-    # payoff control (engine/payoff_drafting.py): the request's controller, its pending n-gram
-    # shadow proposal (generated count when made, tokens), and this round's proposer
-    payoff: PayoffController | None = None
-    shadow: tuple[int, list[int]] | None = None
-    positions: TokenPositions = field(default_factory=TokenPositions)  # its n-gram lookup's index
+    # the speculation controller (engine/speculation.py): this round's proposer and, for a
+    # deterministic one, its proposal; a pending shadow (proposer, generated count when made, tokens)
     proposer: str | None = None
+    proposal: list[int] | None = None
+    shadow: tuple[str, int, list[int]] | None = None
     finish_reason: str | None = None
     text: str | None = None
     error: str | None = None  # why the engine failed it (finish_reason "error")

@@ -62,6 +62,7 @@ def engine_overhead(
     """Decode ``batch`` prompts at once and report where a step's time goes."""
     assert len(prompts) >= batch, f"need {batch} prompts, got {len(prompts)}"
     config = EngineConfig(
+        payoff=False,
         policy=policy,
         max_batch=batch,
         block_size=block_size,

@@ -6,7 +6,7 @@ the target logits of each request's anchor and ``ℓ_r`` drafts from the one fla
 **Commit / roll back** each request's KV to anchor + accepted drafts, cut at EOS /
 ``max_tokens`` / stop strings (``decoding/stopping.py``), stream the tokens, tell the
 drafter, and free the slots of finished requests. The round's outcomes feed the
-early-exit predictors and the online confidence estimator.
+speculation controller and the online confidence estimator.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from torch import Tensor
 
 from dspark.decoding.stopping import Cut, cut_round
 from dspark.engine.config import EngineStats
+from dspark.engine.draft_stage import Drafts
 from dspark.engine.kv import KVMemory
-from dspark.engine.payoff_drafting import PayoffDrafting
 from dspark.engine.requests import Finish, Request, TokenEvent
+from dspark.engine.speculation import Speculation
 from dspark.protocols import DraftBlock, Drafter, RoundLog
 from dspark.sampling import batch_probs, verify, verify_greedy
 from dspark.sampling.argmax import greedy_tokens
@@ -47,27 +48,21 @@ class VerifyStage:
         kv: KVMemory,
         drafter: Drafter | None,
         estimator: ConfidenceEstimator,
-        payoff: PayoffDrafting | None,
+        speculation: Speculation | None,
         decode: Callable[[list[int]], str] | None,
         finish: Finish,
     ) -> None:
         self.target, self.kv, self.drafter, self.estimator = target, kv, drafter, estimator
-        self.payoff, self.decode, self._finish = payoff, decode, finish
+        self.speculation, self.decode, self._finish = speculation, decode, finish
 
-    def verify_and_commit(
-        self,
-        decoding: list[Request],
-        block: DraftBlock,
-        drafting: dict[int, int],
-        lengths: Tensor,
-        out: FlatOutput,
-        offsets: list[int],
-        stats: EngineStats,
+    def __call__(
+        self, decoding: list[Request], drafts: Drafts, out: FlatOutput, offsets: list[int], stats: EngineStats
     ) -> list[TokenEvent]:
-        """Verify ``lengths [R]`` drafts of each decoding request, commit, return the emitted tokens.
+        """Verify each decoding request's ``drafts``, commit, return the emitted tokens.
 
         ``offsets[i]`` is the flat row of request ``i``'s anchor in ``out``.
         """
+        block, drafting, lengths = drafts.block, drafts.rows, drafts.lengths
         R = len(decoding)
         if R == 0:
             return []
@@ -136,7 +131,7 @@ class VerifyStage:
         start = self.kv.length(req.id)
         self.kv.set_length(req.id, start + 1 + accepted)  # anchor + accepted drafts; the rest rolls back
         new_features = None
-        told = self.drafter is not None and (self.payoff is None or self.payoff.needs_update(req))
+        told = self.drafter is not None and (self.speculation is None or self.speculation.tells_model(req))
         if out.features is not None and told:
             new_features = out.features[offset : offset + 1 + accepted]  # [a+1, L, H]
             req.state.features = req.features.append(new_features)
@@ -147,18 +142,17 @@ class VerifyStage:
         req.generated += cut.tokens
         req.state.token_ids += cut.tokens
         req.rounds.append(RoundLog(proposed=n, accepted=accepted, emitted=len(cut.tokens)))
-        if self.payoff is not None:
-            self.payoff.observe(req, n, accepted, req.proposer if drafted else None)
-            self.payoff.after_commit(req)
+        if self.speculation is not None:
+            self.speculation.observe_round(req, n, accepted, drafted)
         stats.emitted += len(cut.tokens)
         if req.on_tokens is not None and cut.tokens:
             req.on_tokens(cut.tokens)
         if cut.finish_reason is None and told:
             update_started = time.perf_counter()
-            priced_started = self.payoff.clock() if self.payoff is not None else 0.0
+            priced_started = self.speculation.clock() if self.speculation is not None else 0.0
             self.drafter.update(req.state, accepted, new_features)
-            if self.payoff is not None:
-                self.payoff.observe_update(req, self.payoff.clock() - priced_started)
+            if self.speculation is not None:
+                self.speculation.observe_update(req, self.speculation.clock() - priced_started)
             stats.update_s += time.perf_counter() - update_started
         return TokenEvent(req.id, cut.tokens, cut.finish_reason), cut
 
@@ -189,13 +183,10 @@ class VerifyStage:
         accepted: list[int],
         stats: EngineStats,
     ) -> None:
-        """Feed the round's outcomes to the early-exit predictors and the confidence estimator."""
+        """Count the round's outcomes and feed them to the online confidence estimator."""
         stats.rounds += len(decoding)
         stats.verified += sum(verified)
         stats.accepted += sum(accepted)
-        for req, n, a in zip(decoding, verified, accepted):
-            if n > 0:
-                req.predictor.observe(a > 0)
         if drafting and block.max_len > 0:
             idx = [i for i, r in enumerate(decoding) if r.id in drafting]
             rows = torch.tensor([drafting[decoding[i].id] for i in idx])

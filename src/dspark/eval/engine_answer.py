@@ -27,7 +27,7 @@ from dspark.protocols import (
     GenerationResult,
     SamplingParams,
     SequenceState,
-    drafts_after_prompt,
+    drafter_traits,
 )
 from dspark.targets import TargetAdapter
 
@@ -41,7 +41,7 @@ class _ConfidenceTap:
         self.drafter = drafter
         self.target_layer_ids = drafter.target_layer_ids
         self.block_size = drafter.block_size
-        self.drafts_after_prompt = drafts_after_prompt(drafter)
+        self.traits = drafter_traits(drafter)
         self.confidences: dict[int, torch.Tensor | None] = {}  # len(token_ids) -> [K]
 
     def propose(
@@ -76,7 +76,7 @@ def engine_answer(
     tap = _ConfidenceTap(drafter) if drafter is not None else None
     capacity = min(target.max_context, len(prompt_ids) + params.max_tokens)
     config = EngineConfig(
-        block_size=block_size, policy="fixed", max_batch=1, max_seq_len=capacity, early_exit=0.0
+        block_size=block_size, policy="fixed", max_batch=1, max_seq_len=capacity, payoff=False
     )
     engine = Engine(target, tap, config)
     result = engine.generate([prompt_ids], params)[0]
@@ -94,12 +94,10 @@ def engine_answer(
 def payoff_answer(
     target: TargetAdapter, drafter: Drafter, prompt_ids: list[int], params: SamplingParams, *, block_size: int
 ) -> GenerationResult:
-    """Decode ``prompt_ids`` alone as the commands do: under the payoff controller (issue 17).
+    """Decode ``prompt_ids`` alone as the commands do: under the speculation controller.
 
     The slot holds at least 512 tokens, so prompts of different lengths share one SPS profile.
     """
     capacity = min(target.max_context, max(len(prompt_ids) + params.max_tokens, 512))
-    config = EngineConfig(
-        block_size=block_size, policy="fixed", max_batch=1, max_seq_len=capacity, payoff=True
-    )
+    config = EngineConfig(block_size=block_size, policy="fixed", max_batch=1, max_seq_len=capacity)
     return Engine(target, drafter, config).generate([prompt_ids], params)[0]

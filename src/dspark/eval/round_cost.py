@@ -163,7 +163,9 @@ def round_breakdown(
         }
     context = min(1024, target.max_context)
     engine = Engine(
-        target, drafter, EngineConfig(block_size=K, policy="fixed", max_batch=1, max_seq_len=context)
+        target,
+        drafter,
+        EngineConfig(payoff=False, block_size=K, policy="fixed", max_batch=1, max_seq_len=context),
     )
     engine.generate([prompts[0][:8]], SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
     engine.stats = type(engine.stats)()

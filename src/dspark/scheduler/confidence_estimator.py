@@ -15,9 +15,6 @@ accepted) at that position, shrunk towards the position's pooled rate, which is 
 towards a prior. Position k is *tested* in a round when it was verified and every draft
 before it was accepted; it *succeeds* when it is accepted too (conditional acceptance,
 SPEC §2).
-
-Also here: the per-request predictor of first-position acceptance that the engine's
-difficulty-aware early exit reads (:class:`FirstAcceptPredictor`).
 """
 
 from __future__ import annotations
@@ -94,35 +91,3 @@ class ConfidenceEstimator:
         flat = (torch.arange(K).unsqueeze(0) * self.config.bins + bins)[tested]  # [n] cell index
         self.tested.view(-1).index_add_(0, flat, torch.ones(flat.shape[0], dtype=torch.float64))
         self.accepted.view(-1).index_add_(0, flat, accepted[tested].double())
-
-
-@dataclass
-class FirstAcceptPredictor:
-    """Per-request running estimate of P(first draft accepted), for difficulty-aware early exit.
-
-    An exponential moving average of the request's own realised first-position outcomes,
-    started from a global rate. It reads only past rounds, so a decision based on it is
-    independent of the drafts it would skip (lossless, SPEC §9).
-    """
-
-    estimate: float
-    weight: float = 0.3  # of the newest round
-    skipped: int = 0  # consecutive rounds without drafting
-
-    def observe(self, first_accepted: bool) -> None:
-        self.estimate += self.weight * (float(first_accepted) - self.estimate)
-
-    def should_draft(
-        self, threshold: float, probe_every: int, *, pays: bool = True, probe_unprofitable: int = 0
-    ) -> bool:
-        """Draft unless the estimate is below ``threshold``; still probe every ``probe_every`` rounds.
-
-        When drafting does not ``pay`` (cost-aware drafting), probe only every
-        ``probe_unprofitable`` rounds (0: as often as ``probe_every``).
-        """
-        every = probe_every if pays else max(probe_every, probe_unprofitable)
-        if (pays and self.estimate >= threshold) or self.skipped + 1 >= every:
-            self.skipped = 0
-            return True
-        self.skipped += 1
-        return False

@@ -108,7 +108,6 @@ def bench_serve(
     max_seq_len: int = 512,
     sps: SpsTable | None = None,
     sps_path: Path | None = None,
-    cost_aware: bool = True,
     payoff: bool = True,
     choose_proposer: bool = True,
     progress: Callable[[LoadPoint], None] | None = None,
@@ -132,7 +131,6 @@ def bench_serve(
             policy="fixed" if policy == PLAIN else policy,
             max_batch=max(concurrencies),
             max_seq_len=max_seq_len,
-            cost_aware=cost_aware,
             payoff=payoff,
             choose_proposer=choose_proposer,
         )

@@ -18,8 +18,8 @@ that left the engine (finished or cancelled), through the worker's ``on_finish``
 State gauges are read at scrape time: the engine's queue, running requests and KV
 slots, the server's admitted requests, whether the engine is alive. Counts of the
 engine's own steps (``dspark_engine_*``) come from :class:`~dspark.engine.EngineStats`,
-among them the cost-aware drafting decisions (``dspark_engine_cost_checked`` /
-``dspark_engine_cost_unprofitable`` and their ratio ``dspark_drafting_unprofitable_share``).
+among them the speculation controller's decisions (``dspark_engine_planned_rounds`` /
+``dspark_engine_plain_rounds`` and their ratio ``dspark_plain_round_share``).
 """
 
 from __future__ import annotations
@@ -146,19 +146,19 @@ class EngineCollector(Collector):
         yield _counter("dspark_engine_proposed_tokens", "draft tokens the drafter proposed", stats.drafted)
         yield _counter("dspark_engine_step_seconds", "time spent in engine steps", stats.step_s)
         yield _counter(
-            "dspark_engine_cost_checked",
-            "decode rounds the cost-aware drafting rule judged (SPS policies)",
-            stats.cost_checked,
+            "dspark_engine_planned_rounds",
+            "decode rounds the speculation controller planned",
+            stats.planned_rounds,
         )
         yield _counter(
-            "dspark_engine_cost_unprofitable",
-            "decode rounds the cost-aware rule did not draft: drafting was predicted not to pay",
-            stats.cost_unprofitable,
+            "dspark_engine_plain_rounds",
+            "decode rounds the controller decoded plainly: drafting was predicted not to pay",
+            stats.plain_rounds,
         )
-        share = stats.cost_unprofitable / stats.cost_checked if stats.cost_checked else 0.0
+        share = stats.plain_rounds / stats.planned_rounds if stats.planned_rounds else 0.0
         yield _gauge(
-            "dspark_drafting_unprofitable_share",
-            "share of judged rounds the cost-aware rule did not draft (1: drafting does not pay here)",
+            "dspark_plain_round_share",
+            "share of planned rounds decoded plainly (1: drafting does not pay here)",
             share,
         )
 

@@ -37,7 +37,9 @@ def test_greedy_output_with_feature_drafters(target, sps, name):
     prompts = make_prompts(6, seed=21)
     refs = greedy_references(target, prompts, 24)
     drafter = build(name, target)
-    engine = Engine(target, drafter, EngineConfig(policy="prefix", max_batch=4, block_size=4), sps=sps)
+    engine = Engine(
+        target, drafter, EngineConfig(payoff=False, policy="prefix", max_batch=4, block_size=4), sps=sps
+    )
     greedy = [SamplingParams(temperature=0.0, max_tokens=24)] * 6
     results = run_engine(engine, prompts, greedy, join_after=2)
     for (ref, gap), result in zip(refs, results):
@@ -50,9 +52,9 @@ def test_greedy_output_with_feature_drafters(target, sps, name):
 def test_seeded_sampling_alone_or_batched(target, name):
     prompts = make_prompts(5, seed=22)
     params = [SamplingParams(temperature=1.0, max_tokens=16, seed=7 + i) for i in range(5)]
-    config = EngineConfig(policy="fixed", max_batch=3, block_size=4)
+    config = EngineConfig(payoff=False, policy="fixed", max_batch=3, block_size=4)
     batched = run_engine(Engine(target, build(name, target), config), prompts, params, join_after=1)
     drafter = build(name, target)
     for prompt, sp, result in zip(prompts, params, batched):
-        alone = Engine(target, drafter, EngineConfig(policy="fixed", max_batch=1, block_size=4))
+        alone = Engine(target, drafter, EngineConfig(payoff=False, policy="fixed", max_batch=1, block_size=4))
         assert alone.generate([prompt], sp)[0].token_ids == result.token_ids

@@ -88,7 +88,7 @@ def test_a_request_whose_drafting_raises_fails_alone_and_the_engine_serves_on(ta
     poison = 99
     clean, bad = [5, 6, 7, 8, 5, 6, 7, 8], [poison, 6, 7, 8, 5, 6, 7, 8]
     params = SamplingParams(temperature=0.0, max_tokens=16)
-    config = EngineConfig(block_size=K, policy="fixed", max_batch=4)
+    config = EngineConfig(payoff=False, block_size=K, policy="fixed", max_batch=4)
     drafter = FailingFor(build("dflash", target), poison)
     with pytest.raises(RuntimeError, match="drafter bug"):  # the negative control: it does raise
         drafter.propose([SequenceState(0, bad, len(bad))], K, [params])

@@ -68,8 +68,7 @@ def test_greedy_equals_plain_greedy(target, sps, cases, policy, batch, num_reque
         engine = Engine(
             target,
             NoisyOracleDrafter(refs, VOCAB),
-            # cost-aware drafting off: this test needs drafts verified at every batch size
-            EngineConfig(policy=policy, max_batch=batch, block_size=7, cost_aware=False),
+            EngineConfig(payoff=False, policy=policy, max_batch=batch, block_size=7),
             sps=sps,
         )
         params = [SamplingParams(temperature=0.0, max_tokens=m) for m in max_tokens]
@@ -88,38 +87,11 @@ def test_greedy_equals_plain_greedy(target, sps, cases, policy, batch, num_reque
         assert engine.stats.max_forward_tokens > batch, "steps should verify several requests' drafts at once"
 
 
-@pytest.mark.parametrize("policy", ["prefix", "prefix-async"])
-def test_cost_aware_drafting_is_lossless_and_skips_drafts_that_do_not_pay(target, sps, cases, policy, caplog):
-    """On the fixture's steep curve a verified token at batch 32 costs more than it returns:
-    cost-aware drafting stops most drafting there (it still probes), and greedy output is unchanged.
-    The decision is counted in the engine's stats (for /metrics) and logged once."""
-    prompts, refs, max_tokens = cases
-    runs, stats = {}, {}
-    for cost_aware in (False, True):
-        engine = Engine(
-            target,
-            NoisyOracleDrafter(refs, VOCAB),
-            EngineConfig(policy=policy, max_batch=32, block_size=7, cost_aware=cost_aware),
-            sps=sps,
-        )
-        params = [SamplingParams(temperature=0.0, max_tokens=m) for m in max_tokens]
-        results = run_engine(engine, prompts, params, join_after=0)
-        for prompt, m, result in zip(prompts, max_tokens, results):
-            assert result.token_ids == expected(refs[tuple(prompt)], m, None)
-        runs[cost_aware] = engine.stats.drafted
-        stats[cost_aware] = engine.stats
-    assert runs[True] < 0.75 * runs[False], runs
-    assert stats[False].cost_checked == stats[False].cost_unprofitable == 0
-    assert 0 < stats[True].cost_unprofitable <= stats[True].cost_checked <= stats[True].rounds
-    told = [r for r in caplog.records if "cost-aware drafting:" in r.getMessage()]
-    assert len(told) == 1 and told[0].levelname == "WARNING"
-
-
 @pytest.mark.parametrize("drafter_name", ["none", "ngram"])
 def test_plain_and_ngram_equal_plain_greedy(target, sps, cases, drafter_name):
     prompts, refs, _ = cases
     drafter = None if drafter_name == "none" else NgramDrafter(VOCAB)
-    engine = Engine(target, drafter, EngineConfig(policy="prefix", max_batch=8), sps=sps)
+    engine = Engine(target, drafter, EngineConfig(payoff=False, policy="prefix", max_batch=8), sps=sps)
     results = engine.generate(prompts[:16], SamplingParams(temperature=0.0, max_tokens=MAX_NEW))
     for prompt, result in zip(prompts, results):
         assert result.token_ids == refs[tuple(prompt)]
@@ -133,7 +105,10 @@ def test_chunked_prefill_mixed_with_decode(target, sps, cases):
     prompts, refs, _ = cases
     long = [p for p in prompts if len(p) > 20][:4]
     engine = Engine(
-        target, NoisyOracleDrafter(refs, VOCAB), EngineConfig(max_batch=6, prefill_chunk=7), sps=sps
+        target,
+        NoisyOracleDrafter(refs, VOCAB),
+        EngineConfig(payoff=False, max_batch=6, prefill_chunk=7),
+        sps=sps,
     )
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW)
     results = run_engine(engine, prompts[:2] + long, [params] * 6, join_after=2)
@@ -151,7 +126,9 @@ def test_stop_strings_cut_like_the_loop(target, cases):
 
     stops = [(f"w{refs[tuple(p)][3]} w{refs[tuple(p)][4]}",) for p in prompts[:6]]
     params = [SamplingParams(temperature=0.0, max_tokens=MAX_NEW, stop=s) for s in stops]
-    engine = Engine(target, NoisyOracleDrafter(refs, VOCAB), EngineConfig(policy="fixed"), decode=decode)
+    engine = Engine(
+        target, NoisyOracleDrafter(refs, VOCAB), EngineConfig(payoff=False, policy="fixed"), decode=decode
+    )
     results = engine.generate(prompts[:6], params)
     for prompt, sp, result in zip(prompts, params, results):
         loop = speculative_generate(target, None, prompt, sp, decode=decode)
@@ -161,7 +138,7 @@ def test_stop_strings_cut_like_the_loop(target, cases):
 
 def test_streamed_tokens_are_the_result(target, sps, cases):
     prompts, refs, _ = cases
-    engine = Engine(target, NoisyOracleDrafter(refs, VOCAB), EngineConfig(max_batch=4), sps=sps)
+    engine = Engine(target, NoisyOracleDrafter(refs, VOCAB), EngineConfig(payoff=False, max_batch=4), sps=sps)
     streamed: dict[int, list[int]] = {}
     ids = [
         engine.submit(
@@ -183,7 +160,10 @@ def test_streamed_tokens_are_the_result(target, sps, cases):
 def test_queue_cancel_and_limits(target, sps, cases):
     prompts, refs, _ = cases
     engine = Engine(
-        target, NoisyOracleDrafter(refs, VOCAB), EngineConfig(max_batch=2, max_seq_len=64), sps=sps
+        target,
+        NoisyOracleDrafter(refs, VOCAB),
+        EngineConfig(payoff=False, max_batch=2, max_seq_len=64),
+        sps=sps,
     )
     ids = [engine.submit(p, SamplingParams(temperature=0.0, max_tokens=30)) for p in prompts[:4]]
     engine.step()

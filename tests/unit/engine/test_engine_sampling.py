@@ -13,7 +13,7 @@ from dspark.sampling import process_logits
 from dspark.scheduler import SpsTable, global_search
 
 from .conftest import VOCAB, make_prompts
-from .drafters import NoisyOracleDrafter, SeededRandomDrafter, TargetDrafter
+from .drafters import SeededRandomDrafter, TargetDrafter
 from .test_engine_greedy import run_engine
 
 APPENDIX_A_SPS = SpsTable.from_dict({1: 1.0, 2: 0.5, 3: 0.45})
@@ -42,12 +42,12 @@ def test_seeded_requests_same_alone_or_batched(target, policy):
     drafter = (
         None if policy == "none" else SeededRandomDrafter(VOCAB, sharpness=1.0, confident=tuple(range(3, 70)))
     )
-    config = EngineConfig(policy="fixed" if policy == "none" else policy, max_batch=4)
+    config = EngineConfig(payoff=False, policy="fixed" if policy == "none" else policy, max_batch=4)
     batched = run_engine(Engine(target, drafter, config), prompts, params, join_after=2)
     for prompt, sp, result in zip(prompts, params, batched):
-        alone = Engine(target, drafter, EngineConfig(policy=config.policy, max_batch=1)).generate(
-            [prompt], sp
-        )[0]
+        alone = Engine(
+            target, drafter, EngineConfig(payoff=False, policy=config.policy, max_batch=1)
+        ).generate([prompt], sp)[0]
         assert result.token_ids == alone.token_ids
         assert len(result.token_ids) == sp.max_tokens
     if drafter is not None:
@@ -102,7 +102,10 @@ def test_prefix_policies_keep_the_target_distribution(target, appendix_a_setup, 
     prompt, params, p_t, buckets, favoured = appendix_a_setup
     jagged = SpsTable.from_dict({b: 1.0 / (1 + b / 40 + 0.5 * (b % 16 == 0)) for b in range(1, 200)})
     engine = Engine(
-        target, TargetDrafter(target, favoured), EngineConfig(policy=policy, max_batch=64), sps=jagged
+        target,
+        TargetDrafter(target, favoured),
+        EngineConfig(payoff=False, policy=policy, max_batch=64),
+        sps=jagged,
     )
     tokens = first_tokens(engine, prompt, 640, params)
     assert engine.stats.verified > 0, "the scheduler should verify some drafts"
@@ -120,7 +123,7 @@ def test_anticipating_scheduler_is_caught(target, appendix_a_setup, monkeypatch)
     engine = Engine(
         target,
         TargetDrafter(target, favoured),
-        EngineConfig(policy="prefix", max_batch=1, cost_aware=False),  # every round drafts
+        EngineConfig(payoff=False, policy="prefix", max_batch=1),  # every round drafts
         sps=APPENDIX_A_SPS,
     )
     tokens = first_tokens(engine, prompt, 160, params)
@@ -130,23 +133,3 @@ def test_anticipating_scheduler_is_caught(target, appendix_a_setup, monkeypatch)
     # the others never, so P(favoured) = p + (1 - p) p instead of p.
     assert float(in_favoured) > p_fav + 0.1
     assert distribution_pvalue(tokens, p_t, buckets, 8) < 1e-3
-
-
-def test_early_exit_skips_hopeless_drafting(target):
-    """A drafter whose first draft is always rejected stops being asked, output unchanged."""
-    prompts = make_prompts(6, seed=3)
-    never = {tuple(p): [0] * 64 for p in prompts}  # token 0 never wins greedy here
-    greedy = SamplingParams(temperature=0.0, max_tokens=32)
-    runs = {}
-    for early_exit in (0.0, 0.3):
-        engine = Engine(
-            target,
-            NoisyOracleDrafter(never, VOCAB, error=0.0),
-            EngineConfig(policy="fixed", early_exit=early_exit, probe_every=8),
-        )
-        runs[early_exit] = (engine.generate(prompts, greedy), engine.stats)
-    (off, off_stats), (on, on_stats) = runs[0.0], runs[0.3]
-    assert [r.token_ids for r in on] == [r.token_ids for r in off]
-    assert off_stats.accepted == on_stats.accepted == 0
-    assert on_stats.drafted < off_stats.drafted / 3  # skipped most rounds ...
-    assert on_stats.drafted > 0  # ... but still probes

@@ -31,7 +31,11 @@ def targets() -> tuple[TargetAdapter, TargetAdapter]:
 
 
 def _decode(target, drafter, prompt: list[int]):
-    engine = Engine(target, drafter, EngineConfig(block_size=7, policy="fixed", max_batch=1, max_seq_len=160))
+    engine = Engine(
+        target,
+        drafter,
+        EngineConfig(payoff=False, block_size=7, policy="fixed", max_batch=1, max_seq_len=160),
+    )
     rid = engine.submit(prompt, SamplingParams(temperature=0.0, max_tokens=48))
     while engine.has_work():
         engine.step()
@@ -70,4 +74,8 @@ def test_engine_refuses_a_drafter_reading_layers_the_target_lacks(targets):
         target_layer_ids = (99,)
 
     with pytest.raises(ValueError, match="out of range"):
-        Engine(other, Reader(), EngineConfig(block_size=7, policy="fixed", max_batch=1, max_seq_len=64))
+        Engine(
+            other,
+            Reader(),
+            EngineConfig(payoff=False, block_size=7, policy="fixed", max_batch=1, max_seq_len=64),
+        )

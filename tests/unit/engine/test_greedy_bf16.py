@@ -74,7 +74,7 @@ def test_batch1_loop_equals_plain_greedy_in_bf16(target_bf16, cases, name):
 @pytest.mark.parametrize("batch", [1, 4])
 def test_engine_equals_plain_greedy_in_bf16(target_bf16, cases, name, batch):
     prompts, refs = cases
-    config = EngineConfig(block_size=4, policy="fixed", max_batch=batch, max_seq_len=128)
+    config = EngineConfig(payoff=False, block_size=4, policy="fixed", max_batch=batch, max_seq_len=128)
     engine = Engine(target_bf16, drafters(target_bf16)[name], config)
     results = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW))
     assert [r.token_ids for r in results] == refs

@@ -32,7 +32,9 @@ def test_only_the_request_with_non_finite_drafts_fails_and_the_batch_goes_on(tar
     clean, poisoned = [3, 4, 5, 6, 7], [3, 4, POISONED, 6, 7]
 
     def run(prompts):
-        engine = Engine(target, drafter, EngineConfig(policy="fixed", max_batch=4, block_size=4))
+        engine = Engine(
+            target, drafter, EngineConfig(payoff=False, policy="fixed", max_batch=4, block_size=4)
+        )
         ids = [engine.submit(p, params) for p in prompts]
         while engine.has_work():
             engine.step()

@@ -29,7 +29,9 @@ def test_profile_then_load(tiny_qwen3, tmp_path):
     assert loaded == table
     # The engine loads a saved table at start instead of profiling.
     engine = Engine(
-        target, _AnyDrafter(), EngineConfig(max_batch=4, max_seq_len=64, block_size=3, sps_path=path)
+        target,
+        _AnyDrafter(),
+        EngineConfig(payoff=False, max_batch=4, max_seq_len=64, block_size=3, sps_path=path),
     )
     assert engine.sps == table
 

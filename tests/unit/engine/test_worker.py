@@ -28,7 +28,10 @@ def prompts_refs(target):
 def test_concurrent_callers_share_batches(target, sps, prompts_refs):
     refs = {tuple(p): r for p, r in prompts_refs}
     engine = Engine(
-        target, NoisyOracleDrafter(refs, VOCAB), EngineConfig(max_batch=8, max_seq_len=96), sps=sps
+        target,
+        NoisyOracleDrafter(refs, VOCAB),
+        EngineConfig(payoff=False, max_batch=8, max_seq_len=96),
+        sps=sps,
     )
     worker = EngineWorker(engine)
 
@@ -52,7 +55,7 @@ def test_concurrent_callers_share_batches(target, sps, prompts_refs):
 
 
 def test_cancel_errors_and_close(target, sps, prompts_refs):
-    engine = Engine(target, None, EngineConfig(max_batch=2, max_seq_len=64), sps=sps)
+    engine = Engine(target, None, EngineConfig(payoff=False, max_batch=2, max_seq_len=64), sps=sps)
     worker = EngineWorker(engine)
 
     async def main():
@@ -98,7 +101,9 @@ def test_a_failing_drafter_fails_its_requests_and_the_engine_serves_on(target, s
         def update(self, state, num_accepted, new_features):
             pass
 
-    worker = EngineWorker(Engine(target, Broken(), EngineConfig(policy="fixed", max_seq_len=64)))
+    worker = EngineWorker(
+        Engine(target, Broken(), EngineConfig(payoff=False, policy="fixed", max_seq_len=64))
+    )
 
     async def main():
         await worker.generate(prompts_refs[0][0], GREEDY)

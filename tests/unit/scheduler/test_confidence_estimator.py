@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from dspark.protocols import DraftBlock
-from dspark.scheduler import ConfidenceEstimator, FirstAcceptPredictor
+from dspark.scheduler import ConfidenceEstimator
 from dspark.scheduler.confidence_estimator import round_outcomes
 
 
@@ -44,16 +44,3 @@ def test_features_read_the_distribution_not_the_token():
     torch.testing.assert_close(DraftBlock(tokens, lengths, probs).peaks(), probs.amax(-1))
     # a deterministic block (probs None: one-hot at the tokens) peaks at 1 everywhere
     torch.testing.assert_close(DraftBlock(tokens, lengths, None).peaks(), torch.ones(3, 4))
-
-
-def test_first_accept_predictor_skips_then_probes():
-    p = FirstAcceptPredictor(estimate=0.8)
-    assert p.should_draft(0.1, probe_every=4)
-    for _ in range(9):
-        p.observe(False)
-    assert p.estimate < 0.1
-    decisions = [p.should_draft(0.1, probe_every=4) for _ in range(8)]
-    assert decisions == [False, False, False, True] * 2
-    for _ in range(4):
-        p.observe(True)
-    assert p.should_draft(0.1, probe_every=4)

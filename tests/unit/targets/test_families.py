@@ -88,10 +88,12 @@ def test_batched_engine_greedy_equals_hf_generate(family):
     ids = prompt(5, seed=4) * 3
     if family == "gemma2":  # attention softcapping: refused by the batched engine, by name
         with pytest.raises(UnsupportedTargetError, match="gemma2"):
-            Engine(target, None, EngineConfig(policy="fixed", max_batch=1, max_seq_len=128))
+            Engine(target, None, EngineConfig(payoff=False, policy="fixed", max_batch=1, max_seq_len=128))
         return
     engine = Engine(
-        target, NgramDrafter(target.vocab_size), EngineConfig(policy="fixed", max_batch=1, max_seq_len=128)
+        target,
+        NgramDrafter(target.vocab_size),
+        EngineConfig(payoff=False, policy="fixed", max_batch=1, max_seq_len=128),
     )
     assert engine.generate([ids], GREEDY)[0].token_ids == plain_greedy(target, ids, N)
 

@@ -1,4 +1,4 @@
-"""Payoff control and per-request proposer choice inside the engine (issue 17): lossless, and it
+"""The speculation controller and per-request proposer choice inside the engine: lossless, and it
 stops drafting where drafting does not pay and resumes where it does.
 
 Timing is hand-made: the engine's SPS table is the fixture's (a step of B tokens takes
@@ -17,9 +17,9 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from dspark.drafters.ngram import NgramDrafter
 from dspark.engine import Engine, EngineConfig
-from dspark.engine.payoff_drafting import PayoffDrafting
-from dspark.protocols import DraftBlock, SamplingParams
-from dspark.scheduler.payoff import PayoffConfig
+from dspark.engine.speculation import MODEL, Speculation
+from dspark.protocols import DraftBlock, DrafterTraits, SamplingParams
+from dspark.scheduler import ControllerConfig
 from dspark.targets import TargetAdapter
 from tests.conftest import TINY_DIMS
 
@@ -69,7 +69,7 @@ def _samples(target, sps, drafter, prompt, n: int, batch: int, index: int, payof
     results = engine.generate([prompt] * n, params)
     if payoff:
         s = engine.stats
-        assert s.verified > 0 and s.cost_unprofitable > 0, "the controller should both draft and skip"
+        assert s.verified > 0 and s.plain_rounds > 0, "the controller should both draft and skip"
     return torch.tensor([r.token_ids[index] for r in results])
 
 
@@ -90,9 +90,7 @@ def test_sampled_tokens_keep_the_target_distribution(target, sps, batch, n):
 
 
 def config_probe_max() -> int:
-    from dspark.scheduler.payoff import PayoffConfig
-
-    return PayoffConfig().probe_max
+    return ControllerConfig().probe_max
 
 
 class PhaseDrafter(NoisyOracleDrafter):
@@ -191,7 +189,6 @@ def test_proposer_choice_follows_the_text(sps):
         stats[name] = engine.stats
     # repetitive: the lookup. The model drafts the first rounds, before the text has repeated,
     # and a few later ones where its perfect record beats a short lookup by more than its cost
-    # (10 n-gram and 6 model rounds; 11 and 5 before Realism raised a perfect drafter's rates).
     assert stats["loop"].ngram_rounds > 1.5 * stats["loop"].model_rounds
     assert stats["free"].model_rounds > 3 * stats["free"].ngram_rounds  # free text: the model
     assert stats["free"].model_rounds > 0
@@ -199,7 +196,7 @@ def test_proposer_choice_follows_the_text(sps):
 
 @pytest.mark.parametrize("name", ["dflash", "dspark", "eagle3"])
 def test_feature_drafters_catch_up_after_rounds_they_did_not_draft(target, sps, name):
-    """Under payoff control a model drafter is told only about its own rounds and catches up
+    """Under the controller a lazy model drafter is told only about its own rounds and catches up
     from ``state.features`` when it next drafts: output unchanged, drafted and skipped rounds."""
     from .test_engine_drafters import build
 
@@ -214,128 +211,68 @@ def test_feature_drafters_catch_up_after_rounds_they_did_not_draft(target, sps, 
         if gap > 1e-3:  # a near-tie may flip under batched rounding
             assert result.token_ids == ref
     s = engine.stats
-    assert s.model_rounds > 0 and s.cost_unprofitable > 0  # drafted, and skipped rounds
+    assert s.model_rounds > 0 and s.plain_rounds > 0  # drafted, and skipped rounds
 
 
-def test_the_engine_reports_its_decode_steps_to_the_payoff_prices_unless_timing_is_fixed(target, sps):
-    """Measured costs: every engine step without prefill reaches the step-time line the
-    controller prices with (its rows as the size); hand-made timing (``draft_costs``) reads
-    no clock."""
+def test_the_engine_reports_its_decode_steps_to_the_prices_unless_timing_is_fixed(target, sps):
+    """Measured costs: every engine step without prefill reaches the step-cost fit the
+    controller prices with, and the drafter's calls are timed; hand-made timing
+    (``draft_costs``) reads no clock."""
     from .test_engine_drafters import build
 
     prompts = make_prompts(2, seed=5)
     greedy = [SamplingParams(temperature=0.0, max_tokens=12)] * 2
-    measured = Engine(
-        target, build("dflash", target), EngineConfig(max_batch=2, block_size=4, payoff=True), sps=sps
-    )
+    measured = Engine(target, build("dflash", target), EngineConfig(max_batch=2, block_size=4), sps=sps)
     run_engine(measured, prompts, greedy, join_after=2)
-    line = measured.payoff.step_times.line
-    assert line.w > 0 and 1 <= line.wx / line.w <= 2 * (1 + 4)  # mean rows of the observed steps
-    assert line.wy > 0 and measured.payoff.step_times.scale > 0
-    assert measured.payoff.model_line.observed  # the drafter's calls were timed
+    steps = measured.speculation.steps.steps
+    assert steps.weight > 0 and 1 <= steps.mean(1) <= 2  # mean requests of the observed steps
+    assert measured.speculation.calls[MODEL].observed  # the drafter's calls were timed
     fixed = Engine(target, build("dflash", target), payoff_config(2), sps=sps)
     run_engine(fixed, prompts, greedy, join_after=2)
-    assert fixed.payoff.step_times.line.w == 0 and not fixed.payoff.model_line.observed
+    assert fixed.speculation.steps.steps.weight == 0 and not fixed.speculation.calls[MODEL].observed
 
 
 def test_backbone_drafters_catch_up_lazily_and_the_catch_up_is_priced(target, sps):
-    """DFlash and DSpark hold ``sync_context`` on their backbone: they are told only about their
-    own rounds too. Drafting with the model now costs a request the absorption of every token
-    it has not seen (the whole context on its first proposal), on the fitted per-call line."""
+    """DFlash, DSpark and Eagle3 are lazy (``DrafterTraits.lazy``): told only about their own rounds.
+    Drafting with the model now costs a request the absorption of every token it has not seen
+    (the whole context on its first proposal), on the fitted per-call line, spread over its
+    next rounds."""
     from types import SimpleNamespace
 
     from .test_engine_drafters import build
 
-    for name in ("dflash", "dspark"):
-        assert PayoffDrafting(build(name, target), VOCAB, 4, sps).lazy_update, name
-    payoff = PayoffDrafting(build("dflash", target), VOCAB, 4, sps)
+    for name in ("dflash", "dspark", "eagle3"):
+        assert build(name, target).traits.lazy, name
+    spec = Speculation(build("dflash", target), VOCAB, 4, sps)
 
-    def req(committed: int, absorbed: int | None):
+    def req(committed: int, absorbed: int | None, budget: int = 100):
         cache = None if absorbed is None else SimpleNamespace(context=SimpleNamespace(length=absorbed))
-        return SimpleNamespace(state=SimpleNamespace(token_ids=[0] * (committed + 1), drafter_cache=cache))
+        state = SimpleNamespace(token_ids=[0] * (committed + 1), drafter_cache=cache)
+        return SimpleNamespace(state=state, draft_budget=budget)
 
-    assert payoff.catch_up_s(req(40, 20)) == 0.0  # nothing measured yet
-    payoff.sync_line.observe(10.0, 0.0010)
-    payoff.sync_line.observe(30.0, 0.0020)  # 0.5 ms per call + 0.05 ms per token
-    assert payoff.pending(req(40, 20)) == 20 and payoff.pending(req(40, None)) == 40
-    assert payoff.catch_up_s(req(40, 20)) == pytest.approx(0.0005 + 20 * 0.00005)
-    assert payoff.catch_up_s(req(40, None)) == pytest.approx(0.0005 + 40 * 0.00005)
-    assert payoff.catch_up_s(req(40, 40)) == 0.0  # up to date: nothing to absorb
-    # a round is charged its share of the catch-up over the request's next 8 rounds (fewer
-    # near its end: at most two tokens a round)
-    far, near = req(40, 20), req(40, 20)
-    far.draft_budget, near.draft_budget = 100, 3
-    whole = payoff.catch_up_s(far)
-    assert payoff.catch_up_charge([far, near]) == pytest.approx([whole / 8, whole / 2])
-    eager = PayoffDrafting(NoisyOracleDrafter({}, VOCAB), VOCAB, 4, sps)
-    assert not eager.lazy_update and eager.pending(req(40, None)) == 0
+    assert spec._catch_up_charge(req(40, 20), MODEL) == 0.0  # nothing measured yet
+    spec.catch_ups.observe((10.0,), 0.0010)
+    spec.catch_ups.observe((30.0,), 0.0020)  # 0.5 ms per call + 0.05 ms per token
+    whole = 0.0005 + 20 * 0.00005
+    # a round is charged its share over the request's next 8 rounds (fewer near its end: two tokens a round)
+    assert spec._catch_up_charge(req(40, 20), MODEL) == pytest.approx(whole / 8)
+    assert spec._catch_up_charge(req(40, 20, budget=3), MODEL) == pytest.approx(whole / 2)
+    assert spec._catch_up_charge(req(40, None), MODEL) == pytest.approx((0.0005 + 40 * 0.00005) / 8)
+    assert spec._catch_up_charge(req(40, 40), MODEL) == 0.0  # up to date: nothing to absorb
 
 
-@pytest.mark.parametrize("name", ["dflash", "eagle3"])
-def test_a_lazy_drafters_first_proposal_absorbs_the_prompt_apart(target, sps, name):
+def test_a_lazy_drafters_first_proposal_absorbs_the_prompt_apart(target, sps):
     """A request's first model proposal makes its drafter cache and absorbs its whole prompt
-    before the call, timed on the catch-up line: every call is then a clean one, timed on the
-    model's own line from the first (none lands on the first-proposal line)."""
+    before the call, timed on the catch-up line, so the call itself is timed clean."""
     from .test_engine_drafters import build
 
     prompts = make_prompts(3, seed=9)
-    engine = Engine(
-        target, build(name, target), EngineConfig(max_batch=3, block_size=4, payoff=True), sps=sps
-    )
-    absorbed, observe = [], engine.payoff.sync_line.observe
-    engine.payoff.sync_line.observe = lambda n, s: (absorbed.append(n), observe(n, s))
+    engine = Engine(target, build("dflash", target), EngineConfig(max_batch=3, block_size=4), sps=sps)
+    absorbed, observe = [], engine.speculation.catch_ups.observe
+    engine.speculation.catch_ups.observe = lambda x, s: (absorbed.append(x[0]), observe(x, s))
     run_engine(engine, prompts, [SamplingParams(temperature=0.0, max_tokens=10)] * 3, join_after=3)
-    payoff = engine.payoff
-    assert payoff.model_costs.observed and not payoff.first_costs.observed
+    assert engine.speculation.calls[MODEL].observed
     assert max(absorbed) >= min(len(p) for p in prompts) - 1  # a whole prompt, on the catch-up line
-
-
-@pytest.mark.parametrize("small_batch", [0, 64], ids=["batch-plan", "per-request-plan"])
-@pytest.mark.parametrize("after_prompt", [True, False])
-@pytest.mark.parametrize("choose_proposer", [False, True])
-def test_a_batch_that_decodes_plainly_reuses_its_plan_with_the_same_decisions(
-    target, sps, monkeypatch, choose_proposer, after_prompt, small_batch
-):
-    """While every request decodes plainly and no probe can fall due, the next rounds reuse the
-    plan (``QUIET_REPLAN``) instead of pricing the batch again: the same choices round by round,
-    probes included, the same output, and most rounds not priced — also as requests join, for
-    a drafter that is not asked in their first round. Both plans reuse (``small_batch``: the
-    batch plan at any size, or the per-request one at every size here).)"""
-    import dspark.engine.payoff_plan as payoff_plan
-
-    prompts = make_prompts(6, seed=41, min_len=12)
-    refs = greedy_references(target, prompts, 100)
-    costly = (("model", 0.5), ("ngram", 10.0))  # neither pays; the model is still probed
-    runs = {}
-    for replan in (1, payoff_plan.QUIET_REPLAN):
-        monkeypatch.setattr(payoff_plan, "QUIET_REPLAN", replan)
-        drafter = NoisyOracleDrafter({tuple(p): r for p, (r, _) in zip(prompts, refs)}, VOCAB, error=1.0)
-        drafter.drafts_after_prompt = after_prompt
-        engine = Engine(
-            target, drafter, payoff_config(4, costs=costly, choose_proposer=choose_proposer), sps=sps
-        )
-        # short probe waits, so that probes fall due at every phase of the reused plans
-        engine.payoff.config = PayoffConfig(probe_every=3, probe_max=12, probe_budget=0.3)
-        engine.payoff.small_batch = small_batch
-        decisions = []
-        plan = engine.payoff.plan
-
-        def recorded(decoding, K, plan=plan, decisions=decisions):
-            choices, lookups = plan(decoding, K)
-            decisions.append([(r.id, c, tuple(lookups.get(r.id, ()))) for r, c in zip(decoding, choices)])
-            return choices, lookups
-
-        engine.payoff.plan = recorded
-        greedy = [SamplingParams(temperature=0.0, max_tokens=100)] * len(prompts)
-        results = run_engine(engine, prompts, greedy, join_after=7)  # 3 requests, then 3 more join
-        assert [r.token_ids for r in results] == [r for r, _ in refs]
-        runs[replan] = (decisions, engine.stats, engine.payoff)
-    (every, every_stats, every_payoff), (reused, stats, payoff) = runs[1], runs[payoff_plan.QUIET_REPLAN]
-    assert reused == every
-    assert every_stats.model_probes > 0 and stats.model_probes == every_stats.model_probes
-    assert every_stats.quiet_plans == 0 and every_payoff.reused == 0
-    assert stats.quiet_plans == payoff.reused > len(reused) / 3  # many rounds reuse the plan
-    assert payoff.planned + payoff.reused == every_payoff.planned == len(every)
 
 
 class BlindAfterPromptOracle(NoisyOracleDrafter):
@@ -344,7 +281,7 @@ class BlindAfterPromptOracle(NoisyOracleDrafter):
 
     def __init__(self, references, vocab_size: int, *, drafts_after_prompt: bool) -> None:
         super().__init__(references, vocab_size, error=0.0)
-        self.drafts_after_prompt = drafts_after_prompt
+        self.traits = DrafterTraits(after_prompt=drafts_after_prompt)
         self.first_round_calls = 0
 
     def propose(self, states, max_len, sampling):
@@ -360,7 +297,7 @@ class BlindAfterPromptOracle(NoisyOracleDrafter):
 @pytest.mark.parametrize("payoff", [True, False])
 def test_a_drafter_that_cannot_draft_after_the_prompt_is_not_asked_there(target, sps, payoff):
     """Its first-round drafts would all be rejected: that round decodes plainly, output unchanged.
-    Asked there anyway (a drafter that says it drafts there), under payoff control the
+    Asked there anyway (a drafter that says it drafts there), under the controller the
     rejections reach no acceptance record: pooled, they taught the controller that the model
     never pays, and it stopped drafting."""
     prompts = make_prompts(8, seed=17, min_len=10)
@@ -381,7 +318,7 @@ def test_a_drafter_that_cannot_draft_after_the_prompt_is_not_asked_there(target,
     if payoff:
         # asked once (one request tries an untried model) and not held back by that miss: a
         # first round's outcome prices no later round (pooled, it cut the model rounds and took
-        # 1.4x the steps: the lock-in of issue 17)
+        # 1.4x the steps)
         assert asked_calls == 1 and asked.model_probes == skipped.model_probes == 0
         assert asked.model_rounds >= skipped.model_rounds and asked.steps <= skipped.steps
     else:
@@ -418,30 +355,23 @@ class EarlySecondDraftMisses(NoisyOracleDrafter):
         return block
 
 
-def test_early_misses_at_the_second_draft_do_not_hold_a_drafter_to_one_draft(target, sps, monkeypatch):
+def test_early_misses_at_the_second_draft_do_not_hold_a_drafter_to_one_draft(target, sps):
     """Only a round verifying two drafts or more tests the later rate q: once early misses at
-    position 2 priced one draft a round, q never moved again. A model round verifies two at
-    least (``keep_q_observable``), and as far as the bound on q pays while its evidence is
-    thin (``PayoffConfig.explore_lengths``); either alone lets q recover and the drafter's
-    rounds grow again, neither does not."""
-    from dspark.engine import payoff_plan
-
+    position 2 priced one draft a round, q never moved again. A drafting round verifies as far
+    as the upper bound on q pays while its evidence is thin (``ControllerConfig.explore``):
+    q recovers and the drafter's rounds grow again; on the means alone they do not."""
     prompts = make_prompts(2, seed=23, min_len=10)
     refs = greedy_references(target, prompts, 90)
     references = {tuple(p): r for p, (r, _) in zip(prompts, refs)}
     config = payoff_config(1, costs=CHEAP, choose_proposer=False)
-    keep = payoff_plan.keep_q_observable
-    steps = {}
-    for two, explore in ((True, True), (True, False), (False, True), (False, False)):
-        monkeypatch.setattr(payoff_plan, "keep_q_observable", keep if two else lambda *a: None)
+    runs = {}
+    for explore in (1.0, 0.0):
         engine = Engine(target, EarlySecondDraftMisses(references, VOCAB, early=12), config, sps=sps)
-        engine.payoff.config = dataclasses.replace(engine.payoff.config, explore_lengths=explore)
+        engine.speculation.controller.config = ControllerConfig(explore=explore)
         results = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=90))
         assert [r.token_ids for r in results] == [r for r, _ in refs]
         later = [rd.proposed for r in results for rd in r.rounds[len(r.rounds) // 2 :] if rd.proposed]
-        steps[two, explore] = (engine.stats.steps, sum(later) / max(len(later), 1))
-    without, verified_without = steps[False, False]
-    for rules in ((True, True), (True, False), (False, True)):
-        with_rules, verified_with = steps[rules]
-        assert verified_with >= 4 > verified_without, rules
-        assert with_rules < 0.8 * without, rules
+        runs[explore] = (engine.stats.steps, sum(later) / max(len(later), 1))
+    (steps_with, verified_with), (steps_without, verified_without) = runs[1.0], runs[0.0]
+    assert verified_with >= 4 > verified_without
+    assert steps_with < 0.8 * steps_without

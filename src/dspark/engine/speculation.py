@@ -1,0 +1,233 @@
+"""The engine's side of the speculation controller: offers, prices, proposals, outcomes (DESIGN §9).
+
+The controller (``scheduler/controller.py``) decides from plain numbers; this module turns
+the engine's requests and clocks into them and carries its decisions out:
+
+- **offers**: each proposer's most drafts per request. A deterministic proposer (prompt
+  lookup) proposes before the plan (its proposal is free and bounds its offer) and is
+  checked afterwards against what the request emitted (its shadow), whoever drafted;
+- **prices**: step seconds fitted from the engine's own steps over the SPS profile,
+  drafting seconds per call and per request from the proposers' own calls, and a lazy
+  drafter's catch-up on tokens it has not absorbed (``scheduler/costs.py``), all on one
+  clock (:func:`~dspark.engine.profile.pricing_clock`);
+- **proposals**: each proposer drafts once for the requests that chose it, and the parts
+  merge into one block (``engine/merged_block.py``), every row what its proposer would
+  have drafted alone;
+- **outcomes**: what each round verified and accepted goes back to the controller.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+
+import torch
+
+from dspark.drafters.ngram import NgramConfig, NgramDrafter
+from dspark.engine.merged_block import merge_blocks
+from dspark.protocols import DraftBlock, Drafter, drafter_traits
+from dspark.scheduler.acceptance import shadow_outcome
+from dspark.scheduler.controller import Controller, ControllerConfig, Offer, RoundCosts, Spec
+from dspark.scheduler.costs import DecayedFit, DraftCosts, StepCosts
+from dspark.scheduler.profile import SpsTable
+
+NGRAM, MODEL = "ngram", "model"
+# A catch-up (the whole prompt on a request's first proposal, the skipped rounds later) is
+# paid once for the rounds that follow: each round that would pay it is charged its share
+# over this many of the request's next rounds (fewer near its end). Charged whole, it kept
+# requests on which drafting paid from ever drafting.
+CATCH_UP_ROUNDS = 8
+
+
+class Speculation:
+    """Per-round proposer choice for an engine. ``draft_costs`` fixes the drafting seconds per
+    request instead of measuring them, and steps are priced by ``sps`` alone: a timing for tests."""
+
+    def __init__(
+        self,
+        drafter: Drafter,
+        vocab_size: int,
+        block_size: int,
+        sps: SpsTable,
+        *,
+        choose_proposer: bool = True,
+        config: ControllerConfig | None = None,
+        draft_costs: Mapping[str, float] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.proposers: dict[str, Drafter] = {}
+        if drafter_traits(drafter).deterministic:
+            self.proposers[NGRAM] = drafter
+        else:
+            self.proposers[MODEL] = drafter
+            if choose_proposer:
+                self.proposers[NGRAM] = NgramDrafter(vocab_size, NgramConfig(block_size=max(block_size, 1)))
+        self.traits = {name: drafter_traits(p) for name, p in self.proposers.items()}
+        self.controller = Controller({n: t.deterministic for n, t in self.traits.items()}, config)
+        self.vocab_size, self.block_size, self.clock = vocab_size, block_size, clock
+        self.fixed_costs = dict(draft_costs) if draft_costs is not None else None
+        self.steps = StepCosts(sps)
+        self.calls = {name: DraftCosts() for name in self.proposers}
+        self.catch_ups = DecayedFit(dims=1, memory=0.98)  # (tokens absorbed, seconds)
+        self.update_s = 0.0  # a lazy model's update after its own round, per request (EMA)
+        self.drafting_s = 0.0  # drafter seconds inside the current step (not the step's own)
+
+    # -- plan ---------------------------------------------------------------------------
+
+    def plan(self, decoding: list, K: int) -> list[Spec]:
+        """Every decoding request's :class:`Spec` this round (its ``proposal`` set where a
+        deterministic proposer offered one)."""
+        budgets = [min(K, max(r.draft_budget, 0)) for r in decoding]
+        proposals = self._deterministic_proposals(decoding, K)
+        offers = []
+        for req, budget in zip(decoding, budgets):
+            caps, extra = {}, {}
+            for name, traits in self.traits.items():
+                if traits.deterministic:
+                    caps[name] = min(len(proposals[name][req.id]), budget)
+                else:
+                    caps[name] = budget if (req.generated or traits.after_prompt) else 0
+                    if traits.lazy:
+                        extra[name] = self._catch_up_charge(req, name)
+            offers.append(Offer(req.id, caps, extra))
+        specs = self.controller.plan(offers, self._costs(len(decoding), K))
+        for req, spec in zip(decoding, specs):
+            req.proposer, req.proposal = spec.proposer, None
+            for name, found in proposals.items():
+                proposal = found[req.id]
+                if spec.proposer == name:  # observed for real this round
+                    req.proposal = proposal[: spec.cap]
+                    req.shadow = None if req.shadow and req.shadow[0] == name else req.shadow
+                elif req.shadow is None and proposal:  # rule 3: observed by its shadow
+                    req.shadow = (name, len(req.generated), proposal)
+        return specs
+
+    def _deterministic_proposals(self, decoding: list, K: int) -> dict[str, dict[int, list[int]]]:
+        out = {}
+        for name, traits in self.traits.items():
+            if traits.deterministic and decoding:
+                started = self.clock()
+                block = self.proposers[name].propose(
+                    [r.state for r in decoding], K, [r.params for r in decoding]
+                )
+                rows, lengths = block.tokens.tolist(), block.lengths.tolist()
+                out[name] = {r.id: row[:n] for r, row, n in zip(decoding, rows, lengths)}
+                if self.fixed_costs is None:
+                    self.calls[name].observe(len(decoding), self.clock() - started)
+        return out
+
+    def _costs(self, num_requests: int, K: int) -> RoundCosts:
+        verify_s, rho = self.steps.prices(num_requests, K)
+        if self.fixed_costs is not None:
+            return RoundCosts(rho=rho, verify_s=verify_s, draft_s=self.fixed_costs)
+        a, c, b = self.steps.model(num_requests, K)
+        draft_s, call_s = {}, {}
+        for name, calls in self.calls.items():
+            rows = self.traits[name].rows_per_request(K)
+            d0, d1 = calls.split((a, c + b * (rows - 1)))
+            draft_s[name], call_s[name] = d1, d0
+            if self.traits[name].lazy:
+                draft_s[name] += self.update_s
+        deterministic = [n for n, t in self.traits.items() if t.deterministic]
+        for name in deterministic:  # proposed for every request anyway: only its rows cost
+            draft_s[name], call_s[name] = 0.0, 0.0
+        return RoundCosts(rho=rho, verify_s=verify_s, draft_s=draft_s, call_s=call_s)
+
+    def _catch_up_charge(self, req, name: str) -> float:
+        """Seconds of ``req``'s catch-up charged to this round: its share over the next
+        ``CATCH_UP_ROUNDS`` rounds, or over the rounds it has left (two tokens a round) if fewer."""
+        pending = self.proposers[name].pending(req.state)
+        if pending == 0 or not self.catch_ups.weight or self.fixed_costs is not None:
+            return 0.0
+        a, b = self.catch_ups.fit()
+        rounds = min(max(math.ceil(max(req.draft_budget + 1, 1) / 2), 1), CATCH_UP_ROUNDS)
+        return (a + b * pending) / rounds
+
+    # -- propose ------------------------------------------------------------------------
+
+    def propose(
+        self,
+        decoding: list,
+        specs: list[Spec],
+        K: int,
+        fill_confidences: Callable[[torch.Tensor], torch.Tensor],
+    ) -> tuple[DraftBlock, list, dict[int, int]]:
+        """One merged block over the drafting requests: ``(block, drafting requests, caps by id)``.
+        ``fill_confidences`` maps peaks ``[n, K]`` to confidences for rows without their own."""
+        parts = []
+        for name, proposer in self.proposers.items():
+            chosen = [r for r, s in zip(decoding, specs) if s.proposer == name]
+            if not chosen:
+                continue
+            if self.traits[name].deterministic:
+                parts.append((chosen, _one_hot_block([r.proposal for r in chosen], K)))
+                continue
+            for req in chosen:  # rows of rounds it was not told about
+                req.sync_features()
+            if self.traits[name].lazy:
+                self._catch_up(proposer, chosen)
+            started = self.clock()
+            # Always γ drafts, capped per request: a seeded request draws the same drafter randomness.
+            parts.append((chosen, proposer.propose([r.state for r in chosen], K, [r.params for r in chosen])))
+            elapsed = self.clock() - started
+            self.drafting_s += elapsed
+            if self.fixed_costs is None:
+                self.calls[name].observe(len(chosen), elapsed)
+        caps = {r.id: s.cap for r, s in zip(decoding, specs) if s.proposer is not None}
+        block = merge_blocks(parts, K, self.vocab_size, fill_confidences)
+        return block, [r for rs, _ in parts for r in rs], caps
+
+    def _catch_up(self, proposer, chosen: list) -> None:
+        """Absorb each request's pending tokens before the call, timed apart (its own price)."""
+        for req in chosen:
+            pending = proposer.pending(req.state)
+            if pending:
+                started = self.clock()
+                proposer.catch_up([req.state], [req.params])
+                elapsed = self.clock() - started
+                self.drafting_s += elapsed
+                if self.fixed_costs is None:
+                    self.catch_ups.observe((float(pending),), elapsed)
+
+    # -- observe ------------------------------------------------------------------------
+
+    def tells_model(self, req) -> bool:
+        """Tell the model drafter about this round now? A lazy one only after its own rounds."""
+        return MODEL in self.proposers and (req.proposer == MODEL or not self.traits[MODEL].lazy)
+
+    def observe_update(self, req, seconds: float) -> None:
+        """The lazy model drafter's update after ``req``'s own round took ``seconds``: drafting's."""
+        if req.proposer == MODEL and self.traits[MODEL].lazy:
+            self.drafting_s += seconds
+            self.update_s = 0.9 * self.update_s + 0.1 * seconds if self.update_s else seconds
+
+    def observe_round(self, req, verified: int, accepted: int, drafted: bool) -> None:
+        """A committed round (``req.generated`` holds its tokens): its outcome, and the shadow's."""
+        # An answer's first round is left out: a drafter trained on prompt-end anchors learns
+        # it apart (0.5-0.9 of 7 accepted there against 2-3.6 later on the tiny target).
+        if drafted and req.proposer is not None and len(req.rounds) > 1:
+            self.controller.observe(req.id, req.proposer, verified, accepted)
+        if req.shadow is not None:
+            name, start, proposal = req.shadow
+            outcome = shadow_outcome(proposal, req.generated[start:])
+            if outcome is not None:
+                self.controller.observe(req.id, name, *outcome)
+                req.shadow = None
+
+    def observe_step(self, num_requests: int, num_rows: int, seconds: float) -> None:
+        """A step without prefill took ``seconds`` on :attr:`clock`; the drafters' part is drafting's."""
+        seconds, self.drafting_s = seconds - self.drafting_s, 0.0
+        if self.fixed_costs is None:
+            self.steps.observe(num_requests, num_rows, seconds)
+
+    def forget(self, req) -> None:
+        self.controller.forget(req.id)
+
+
+def _one_hot_block(proposals: list[list[int]], K: int) -> DraftBlock:
+    tokens = torch.zeros(len(proposals), K, dtype=torch.long)  # [n, K]
+    lengths = torch.tensor([len(p) for p in proposals], dtype=torch.long)  # [n]
+    for i, found in enumerate(proposals):
+        tokens[i, : len(found)] = torch.tensor(found, dtype=torch.long)
+    return DraftBlock(tokens=tokens, lengths=lengths, probs=None)

@@ -1,0 +1,259 @@
+"""The speculation controller: per request and round, which proposer drafts and how far (DESIGN §9).
+
+Its face is two calls. :meth:`Controller.plan` takes what each decoding request can do this
+round (an :class:`Offer`: the most drafts each proposer can offer it) and what a round
+costs (:class:`RoundCosts`), and returns a :class:`Spec` per request: a proposer or none
+(plain decoding), the most drafts to verify, and whether the round is a probe.
+:meth:`Controller.observe` takes what a round verified and accepted. Everything it knows
+lives here, in plain numbers keyed by request; the math is ``scheduler/acceptance.py``.
+
+A request drafts with the proposer of the best net gain ``G = E(ℓ) − ρ·(d + v(ℓ))`` where
+that is positive (:func:`~dspark.scheduler.acceptance.best_length`), its rates ``(e, q)``
+its own recent outcomes shrunk to the pooled rates of every request (so a new request
+starts from what the others saw). Beyond that, five rules:
+
+1. **Shared calls.** A drafter call also costs seconds per call, shared by the requests
+   drafting in it: the call runs only if their gains together repay it, judged on the
+   pool's upper confidence bound (:func:`~dspark.scheduler.acceptance.wilson_upper`) so
+   that a verdict from a few unlucky rounds is retried, not kept for good; the pool's
+   evidence ages while nobody drafts with it, widening the bound again. A call that runs
+   anyway (a probe) is joined by every request whose own gain pays.
+2. **Probes.** A request that does not draft with a proposer probes it now and then (a
+   short verification), the interval doubling while the verdict stands, and no sooner than
+   its expected cost in tokens allows at ``probe_budget`` of plain decoding's output.
+3. **Shadows.** A deterministic proposer (prompt lookup) is never probed: its proposal is
+   compared with what the request emitted afterwards, a free observation (the engine's
+   part, reported through :meth:`Controller.observe`).
+4. **Exploring lengths.** A drafting round verifies as far as pays with later drafts
+   accepted at the upper bound of ``q``: ``q`` is learnt only where rounds verify.
+5. **First tries.** Until any outcome of a proposer is in the pool, one request at a time
+   tries it (its first call is the costly one).
+
+Lossless: every choice reads the history only (past outcomes and seconds, and a
+deterministic proposal, itself a function of the history), never a draft it admits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from dspark.scheduler.acceptance import AcceptanceCounts, best_length, probe_cost, wilson_upper
+
+
+@dataclass(frozen=True, kw_only=True)
+class ControllerConfig:
+    prior_first: float = 0.5  # e before any evidence: optimistic, so every proposer is tried
+    prior_later: float = 0.7  # q before any evidence
+    prior_strength: float = 2.0  # pseudo-rounds behind those priors, fading as rounds come in
+    pool_strength: float = 4.0  # pseudo-rounds behind the pooled rates in a request's own
+    memory: float = 0.9  # a request's weight of the past per round: texts change character
+    pool_memory: float = 0.99  # the pool's, per observed round
+    pool_aging: float = 0.95  # the pool's evidence per round in which nobody observed it
+    explore: float = 1.0  # standard errors of the upper bounds (rules 1 and 4; 0: the means)
+    probe_every: int = 8  # rounds without drafting before the first probe
+    probe_max: int = 64  # the probe interval doubles up to this
+    probe_length: int = 2  # drafts a probe verifies
+    probe_budget: float = 0.02  # most probes may cost, as a share of plain decoding's tokens
+
+    def __post_init__(self) -> None:
+        rates = 0 <= self.prior_first <= 1 and 0 <= self.prior_later <= 1
+        decays = 0 <= self.memory < 1 and 0 <= self.pool_memory < 1 and 0 < self.pool_aging <= 1
+        positive = self.prior_strength >= 0 and self.pool_strength >= 0 and self.explore >= 0
+        probes = 1 <= self.probe_every <= self.probe_max and self.probe_length >= 1 and self.probe_budget > 0
+        if not (rates and decays and positive and probes):
+            raise ValueError(f"bad controller config {self}")
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What one request can do this round: ``caps[p]`` drafts at most from proposer ``p`` (0:
+    none), and ``extra_s[p]`` drafting seconds it adds beyond ``p``'s price per request (a
+    lazy drafter's catch-up on the tokens it has not absorbed)."""
+
+    key: int
+    caps: Mapping[str, int]
+    extra_s: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RoundCosts:
+    """What a round costs at this batch, in seconds."""
+
+    rho: float  # plain decoding's tokens per second
+    verify_s: tuple[float, ...]  # v(ℓ), ℓ = 0..K: what verifying ℓ drafts of one request adds
+    draft_s: Mapping[str, float]  # per proposer, per drafting request
+    call_s: Mapping[str, float] = field(default_factory=dict)  # per proposer, per call (shared)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """This round for one request: draft with ``proposer`` (None: decode plainly), verify at most ``cap``."""
+
+    proposer: str | None = None
+    cap: int = 0
+    probe: bool = False
+
+
+PLAIN = Spec()
+
+
+@dataclass
+class _Request:
+    counts: dict[str, AcceptanceCounts] = field(default_factory=dict)
+    skipped: int = 0  # rounds without drafting with a probed proposer
+    interval: int = 0  # rounds between probes now
+
+
+class Controller:
+    """Plans rounds from the requests' histories; ``proposers`` maps each name to whether it is
+    deterministic (observed by shadows, never probed)."""
+
+    def __init__(self, proposers: Mapping[str, bool], config: ControllerConfig | None = None) -> None:
+        self.config = config or ControllerConfig()
+        self.deterministic = dict(proposers)
+        self.pool: dict[str, AcceptanceCounts] = {}
+        self.requests: dict[int, _Request] = {}
+        self._fresh: set[str] = set()  # proposers observed since the last plan
+
+    # -- rates --------------------------------------------------------------------------
+
+    def _prior(self, counts: AcceptanceCounts | None) -> tuple[tuple[float, float], float]:
+        c = self.config
+        return (c.prior_first, c.prior_later), c.prior_strength * c.memory ** (counts.rounds if counts else 0)
+
+    def rates(self, key: int, proposer: str, bound: bool = False) -> tuple[float, float, float]:
+        """``(e, q, later trials)`` of a request with a proposer: its own counts shrunk to the
+        pool's rates (their upper bound with ``bound``), or to the config's guess before any."""
+        counts = self._state(key).counts.get(proposer) or AcceptanceCounts()
+        pool = self.pool.get(proposer)
+        if pool is None:
+            prior, strength = self._prior(counts)
+        else:
+            prior, s = self._prior(pool)
+            e, q = pool.rates(prior, s)
+            if bound:
+                z = self.config.explore
+                e = wilson_upper(e, pool.first_tested + s, z)
+                q = wilson_upper(q, pool.later_tested + s, z)
+            prior, strength = (e, q), self.config.pool_strength
+        e, q = counts.rates(prior, strength)
+        return e, q, counts.later_tested + strength
+
+    def _state(self, key: int) -> _Request:
+        return self.requests.setdefault(key, _Request(interval=self.config.probe_every))
+
+    # -- plan ---------------------------------------------------------------------------
+
+    def plan(self, offers: Sequence[Offer], costs: RoundCosts) -> list[Spec]:
+        """Every request's :class:`Spec` this round, in the order of ``offers``."""
+        for name, pool in self.pool.items():
+            if name not in self._fresh:
+                pool.age(self.config.pool_aging)
+        self._fresh.clear()
+        gains = [self._gains(o, costs) for o in offers]  # [R] {proposer: (G, ℓ)}
+        blocked = {
+            p
+            for p, call_s in costs.call_s.items()
+            if call_s > 0 and not self._call_pays(p, offers, gains, costs)
+        }
+        specs, tried = [], set()
+        for offer, own in zip(offers, gains):
+            spec = self._decide(offer, own, blocked, tried, costs)
+            if spec.proposer is not None and spec.proposer not in self.pool:
+                tried.add(spec.proposer)
+            specs.append(spec)
+        for p in blocked & {s.proposer for s in specs}:  # the call runs anyway: join it where it pays
+            for i, (offer, own) in enumerate(zip(offers, gains)):
+                g, ell = own.get(p, (-math.inf, 0))
+                if specs[i].proposer is None and g > 0:
+                    specs[i] = self._draft(offer.key, p, ell, offer.caps[p], costs)
+        return specs
+
+    def _gains(self, offer: Offer, costs: RoundCosts) -> dict[str, tuple[float, int]]:
+        out = {}
+        for p, cap in offer.caps.items():
+            if cap >= 1:
+                e, q, _ = self.rates(offer.key, p)
+                draft_s = costs.draft_s.get(p, 0.0) + offer.extra_s.get(p, 0.0)
+                out[p] = best_length(e, q, cap, verify_s=costs.verify_s, rho=costs.rho, draft_s=draft_s)
+        return out
+
+    def _call_pays(self, p: str, offers: Sequence[Offer], gains: list[dict], costs: RoundCosts) -> bool:
+        """Rule 1: do the requests that would draft with ``p`` repay its per-call seconds, their
+        gains priced at the pool's upper bound?"""
+        total = 0.0
+        for offer, own in zip(offers, gains):
+            if p not in own:
+                continue
+            e, q, _ = self.rates(offer.key, p, bound=True)
+            draft_s = costs.draft_s.get(p, 0.0) + offer.extra_s.get(p, 0.0)
+            g = best_length(e, q, offer.caps[p], verify_s=costs.verify_s, rho=costs.rho, draft_s=draft_s)[0]
+            if g > 0 and g >= max((v for n, (v, _) in own.items() if n != p), default=-math.inf):
+                total += g
+        return total > costs.rho * costs.call_s[p]
+
+    def _decide(
+        self,
+        offer: Offer,
+        own: dict[str, tuple[float, int]],
+        blocked: set[str],
+        tried: set[str],
+        costs: RoundCosts,
+    ) -> Spec:
+        state = self._state(offer.key)
+        usable = {p: g for p, g in own.items() if p not in blocked and p not in tried}
+        best = max(usable, key=lambda p: usable[p][0], default=None)
+        if best is not None and usable[best][0] > 0 and not self.deterministic.get(best, False):
+            return self._draft(offer.key, best, usable[best][1], offer.caps[best], costs)
+        state.skipped += 1  # rule 2: nothing probeable drafts this round
+        due = [
+            p
+            for p in own
+            if not self.deterministic.get(p, False)
+            and p not in tried
+            and state.skipped >= self._probe_wait(offer, p, costs)
+        ]
+        if due:
+            p = max(due, key=lambda n: own[n][0])
+            state.skipped, state.interval = 0, min(2 * state.interval, self.config.probe_max)
+            return Spec(p, min(offer.caps[p], self.config.probe_length), probe=True)
+        if best is not None and usable[best][0] > 0:  # a deterministic proposer pays
+            return Spec(best, usable[best][1])
+        return PLAIN
+
+    def _probe_wait(self, offer: Offer, p: str, costs: RoundCosts) -> float:
+        """Rounds without drafting before a probe of ``p`` is due: the probe clock, and its cost
+        spread over them at ``probe_budget`` of plain decoding's tokens."""
+        e, q, _ = self.rates(offer.key, p)
+        draft_s = costs.draft_s.get(p, 0.0) + offer.extra_s.get(p, 0.0) + costs.call_s.get(p, 0.0)
+        length = min(offer.caps[p], self.config.probe_length)
+        cost = probe_cost(e, q, length, verify_s=costs.verify_s, rho=costs.rho, draft_s=draft_s)
+        return max(self._state(offer.key).interval, cost / self.config.probe_budget)
+
+    def _draft(self, key: int, p: str, ell: int, cap: int, costs: RoundCosts) -> Spec:
+        """A drafting round, verifying as far as the upper bound of ``q`` pays (rule 4)."""
+        state = self._state(key)
+        state.skipped, state.interval = 0, self.config.probe_every
+        e, q, trials = self.rates(key, p)
+        q_up = wilson_upper(q, trials, self.config.explore)
+        explored = best_length(e, q_up, cap, verify_s=costs.verify_s, rho=costs.rho)[1]
+        return Spec(p, max(ell, explored))
+
+    # -- observe ------------------------------------------------------------------------
+
+    def observe(self, key: int, proposer: str, verified: int, accepted: int) -> None:
+        """Request ``key`` verified ``verified`` drafts of ``proposer``, accepting ``accepted``."""
+        if verified <= 0:
+            return
+        counts = self._state(key).counts.setdefault(proposer, AcceptanceCounts())
+        counts.observe(verified, accepted, self.config.memory)
+        self.pool.setdefault(proposer, AcceptanceCounts()).observe(
+            verified, accepted, self.config.pool_memory
+        )
+        self._fresh.add(proposer)
+
+    def forget(self, key: int) -> None:
+        """A request finished."""
+        self.requests.pop(key, None)
