@@ -1,7 +1,7 @@
 """Mistakes that need no model fail at parse time: one ``dspark: error:`` line, nothing loaded.
 
-The loaders are patched to raise, so a check that ran only after loading would fail these
-tests with the loader's error instead of the expected line.
+The target loader is patched to raise, so a check that ran only after loading would fail
+these tests with the loader's error instead of the expected line.
 """
 
 from __future__ import annotations
@@ -43,15 +43,13 @@ CASES = [
 
 @pytest.fixture
 def no_loading(monkeypatch):
-    """Loading a target or a drafter fails the test."""
-    from dspark.drafters import registry
+    """Loading a target fails the test (every command loads its target before any drafter)."""
     from dspark.targets import TargetAdapter
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the arguments were checked")
 
     monkeypatch.setattr(TargetAdapter, "from_pretrained", refuse)
-    monkeypatch.setattr(registry, "build_drafter", refuse)
 
 
 @pytest.mark.parametrize(
