@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from dspark.data.cache import CacheError, FeatureCache
-from dspark.data.cache_build import CacheBuildConfig, build_cache
+from dspark.data.cache_build import CacheBuildConfig
 from dspark.targets import TargetAdapter
+from dspark.training.feature_cache import build_cache
 from tests.unit.data.tiny_chat_target import build_tiny_chat_target
 
 

@@ -2,7 +2,7 @@
 
 The processes are spawned with the environment torchrun would give them (RANK,
 WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, a free MASTER_PORT) and join through
-:func:`dspark.distributed.launch`. Each trains the stand-in drafter for 3
+:func:`dspark.training.distributed.launch`. Each trains the stand-in drafter for 3
 steps with global batch 4 = micro 2 x 2 processes, once behind DDP and once behind
 FSDP2, then real DSpark (with a mask token and with a learned mask input) and Eagle3 drafters
 behind FSDP2; one process trains the same global
@@ -21,7 +21,7 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
-from dspark import distributed
+from dspark.training import distributed
 from dspark.drafters.dspark import DSparkConfig, DSparkDrafter
 from dspark.drafters.eagle3 import Eagle3Config, Eagle3Drafter
 from dspark.training.checkpoint import load_checkpoint

@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from dspark.data.cache import CacheError, FeatureCache
-from dspark.data.cache_build import CacheBuildConfig, build_cache
+from dspark.data.cache_build import CacheBuildConfig
 from dspark.data.estimate import estimate_cache
 from dspark.data.samples import ShardedSampler, TrainDataset, collate, tokenize_records
 from dspark.targets import TargetAdapter
+from dspark.training.feature_cache import build_cache
 from dspark.training.online import anchor_generator, target_batch
 from tests.unit.data.tiny_chat_target import build_tiny_chat_target, mask_token_id
 
@@ -369,7 +370,7 @@ def test_a_process_arriving_while_another_lays_the_folder_out_joins_it(
 
     root = tmp_path / "together"
     waiting = threading.Event()
-    held, clear = cache_pieces._held, cache_pieces._clear_folder
+    held, clear = cache_pieces._held, cache_pieces.clear_folder
     second: dict = {}
     own_target = TargetAdapter.from_pretrained(target_dir)  # a process has its own model
 
@@ -393,7 +394,7 @@ def test_a_process_arriving_while_another_lays_the_folder_out_joins_it(
         clear(folder)
 
     monkeypatch.setattr(cache_pieces, "_held", note_the_wait)
-    monkeypatch.setattr(cache_pieces, "_clear_folder", second_arrives_meanwhile)
+    monkeypatch.setattr(cache_pieces, "clear_folder", second_arrives_meanwhile)
     manifest = cache_pieces.build_cache_in_pieces(target, records, root, FP32, piece_samples=5)
     second["thread"].join(timeout=120)
     assert waiting.is_set() and "error" not in second, second.get("error")

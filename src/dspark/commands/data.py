@@ -275,10 +275,11 @@ def main_cache(args: argparse.Namespace) -> int:
     """Build the offline feature cache: target features of every training token, sharded, checksummed."""
     import torch
 
-    from dspark import distributed
     from dspark.commands.loading import load_target
-    from dspark.data.cache_build import CacheBuildConfig, build_cache
+    from dspark.data.cache_build import CacheBuildConfig
     from dspark.data.records import read_jsonl
+    from dspark.training import distributed
+    from dspark.training.feature_cache import build_cache
 
     set_threads(args.threads)
     if not args.data.is_file():

@@ -245,7 +245,7 @@ def main_train(args: argparse.Namespace) -> int:
     """Train a drafter against a frozen target (one process, or many under torchrun)."""
     import torch
 
-    from dspark import distributed
+    from dspark.training import distributed
     from dspark.commands.loading import is_tiny, load_target, set_threads, training_records
     from dspark.data.samples import tokenize_records
     from dspark.drafters.draft_vocab import choose_draft_ids, with_draft_vocab

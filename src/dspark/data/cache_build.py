@@ -16,14 +16,12 @@ import hashlib
 import json
 import logging
 import os
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from dspark.data.cache import (
     FORMAT,
@@ -104,9 +102,9 @@ class ShardWriter:
         self._file = None
 
 
-def _prepare_folder(root: Path, overwrite: bool) -> None:
+def prepare_folder(root: Path, overwrite: bool) -> None:
     """Refuse a folder that holds files a cache build does not write (the user's: a build next to
-    them would leave a folder of both), before :func:`_clear_folder` removes a cache's by name."""
+    them would leave a folder of both), before :func:`clear_folder` removes a cache's by name."""
     if (root / MANIFEST).exists() and not overwrite:
         raise DsparkError(f"{root} already holds a feature cache; pass --overwrite to replace it")
     ours = (MANIFEST, f"{MANIFEST}.tmp", f"{INDEX}*", "shard-*.bin*")
@@ -122,7 +120,7 @@ def _prepare_folder(root: Path, overwrite: bool) -> None:
     root.mkdir(parents=True, exist_ok=True)
 
 
-def _clear_folder(root: Path) -> None:
+def clear_folder(root: Path) -> None:
     """Remove the files of an earlier or interrupted build (manifest first: the cache is gone)."""
     (root / MANIFEST).unlink(missing_ok=True)
     for path in root.glob("shard-*.bin*"):
@@ -131,7 +129,7 @@ def _clear_folder(root: Path) -> None:
         (root / name).unlink(missing_ok=True)
 
 
-def _merge(
+def merge_shards(
     root: Path, parts: list[dict[str, Any]], num_samples: int, header: dict[str, Any]
 ) -> dict[str, Any]:
     """Rank 0: one shard list, the index in sample order, the manifest (written last)."""
@@ -236,46 +234,3 @@ class CacheJob:
             "world_size": world_size,
             "build_seconds": round(seconds, 3),
         }
-
-
-def build_cache(
-    target,
-    records: Iterable[Mapping[str, Any]],
-    out_dir: str | Path,
-    config: CacheBuildConfig = CacheBuildConfig(),
-    *,
-    source: str = "",
-    world=None,
-    announce: Callable[[CacheEstimate], None] | None = None,
-) -> dict[str, Any]:
-    """Build a feature cache of ``records`` (conversations or regenerated records) in ``out_dir``.
-
-    The size estimate goes to ``announce`` (rank 0) and is checked against the free disk
-    space before any forward. ``world`` (from
-    :func:`dspark.distributed.init_from_env`) splits the work; every rank must
-    call this with the same arguments. Returns the manifest (on every rank).
-    """
-    from dspark import distributed
-
-    world = world or distributed.current_world(target.device)
-    root = Path(out_dir)
-    job = CacheJob.prepare(target, records, root, config, show=world.is_main, announce=announce)
-    if world.is_main:
-        _prepare_folder(root, config.overwrite)
-        _clear_folder(root)
-    distributed.barrier()  # nobody writes before rank 0 has cleared the folder
-
-    started = time.perf_counter()
-    writer = ShardWriter(root, world.rank, config.shard_bytes)
-    mine = range(world.rank, len(job.dataset), world.world_size)
-    bar = tqdm(
-        total=sum(job.lengths[i] for i in mine), unit="tok", disable=not (config.progress and world.is_main)
-    )
-    job.write(target, mine, writer, bar)
-    bar.close()
-
-    parts = distributed.all_gather_objects({"shards": writer.shards, "placements": writer.placements})
-    header = job.header(target, source, world_size=world.world_size, seconds=time.perf_counter() - started)
-    manifest = _merge(root, parts, len(job.dataset), header) if world.is_main else None
-    distributed.barrier()  # every rank returns once the manifest exists
-    return manifest if manifest is not None else json.loads((root / MANIFEST).read_text())

@@ -1,6 +1,6 @@
 """A feature cache built piece by piece: resumable after a kill, shared by several processes.
 
-:func:`~dspark.data.cache_build.build_cache` writes a cache in one go (one process or a
+:func:`~dspark.training.feature_cache.build_cache` writes a cache in one go (one process or a
 torchrun world); a kill starts it over. The campaign's cache of SmolLM2 takes the better
 part of an hour on one core, and any of its processes may be killed at any moment, so it
 builds the same cache this way instead:
@@ -37,9 +37,9 @@ from dspark.data.cache_build import (
     CacheBuildConfig,
     CacheJob,
     ShardWriter,
-    _clear_folder,
-    _merge,
     _write_atomic,
+    clear_folder,
+    merge_shards,
 )
 from dspark.data.estimate import CacheEstimate
 from dspark.data.records import Claims, WriterLock
@@ -91,7 +91,7 @@ def build_cache_in_pieces(
             if _read_json(pieces / "build.json") != json.loads(json.dumps(identity)):
                 if not lock.alone:
                     raise DsparkError(f"another process is building another cache in {root}; wait for it")
-                _clear_folder(root)
+                clear_folder(root)
                 shutil.rmtree(pieces, ignore_errors=True)
                 shutil.rmtree(root / "claims", ignore_errors=True)
                 pieces.mkdir()
@@ -106,7 +106,7 @@ def build_cache_in_pieces(
             if not (root / MANIFEST).is_file():
                 parts = [json.loads(_piece(root, k).read_text()) for k in range(count)]
                 header = job.header(target, source, world_size=1, seconds=time.perf_counter() - started)
-                _merge(root, parts, len(job.dataset), header | {"pieces": count})
+                merge_shards(root, parts, len(job.dataset), header | {"pieces": count})
         shutil.rmtree(root / "claims", ignore_errors=True)
         return json.loads((root / MANIFEST).read_text())
 

@@ -28,9 +28,9 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from dspark import distributed
 from dspark.durable import write_atomic
 from dspark.errors import DsparkError
+from dspark.training import distributed
 
 log = logging.getLogger(__name__)
 

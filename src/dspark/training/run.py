@@ -22,13 +22,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from dspark import distributed
 from dspark.data.samples import ShardedSampler, TrainDataset, collate
-from dspark.distributed import World
 from dspark.drafters.objective import ObjectiveConfig, compute_loss
 from dspark.errors import DsparkError
 from dspark.targets.dtype import training_bf16
-from dspark.training import online
+from dspark.training import distributed, online
 from dspark.training.checkpoint import (
     Checkpoint,
     capture_rng,
@@ -40,6 +38,7 @@ from dspark.training.checkpoint import (
     save_checkpoint,
 )
 from dspark.training.config import NonFiniteLossError, TrainConfig
+from dspark.training.distributed import World
 from dspark.training.metrics_log import MetricMeans, flatten_metrics
 from dspark.training.numerics import flushing_denormals
 from dspark.training.optimizer import param_groups

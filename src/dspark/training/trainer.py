@@ -32,11 +32,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from dspark import distributed
 from dspark.data.samples import TrainDataset, TrainSample
-from dspark.distributed import World
+from dspark.training import distributed
 from dspark.training.checkpoint import latest_checkpoint
 from dspark.training.config import NonFiniteLossError, TrainConfig, TrainResult
+from dspark.training.distributed import World
 from dspark.training.metrics_log import MetricMeans, MetricsLog
 from dspark.training.run import OnlineEval, StepStats, Trainer
 from dspark.training.run_identity import default_model_config

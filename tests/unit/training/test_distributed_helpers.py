@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dspark import distributed
+from dspark.training import distributed
 
 
 def test_single_process_world(monkeypatch):

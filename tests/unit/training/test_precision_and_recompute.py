@@ -107,6 +107,6 @@ def _dataset():
 
 
 def _world(target):
-    from dspark import distributed
+    from dspark.training import distributed
 
     return distributed.current_world(target.device)
