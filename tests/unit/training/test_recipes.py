@@ -158,7 +158,7 @@ def test_prompt_end_anchors_train_blocks_at_the_prompts_last_token_and_say_so(tm
     request's first round; without it neither."""
     import dspark.drafters.blocks as blocks
     from dspark.formats.folder import load_drafter
-    from dspark.protocols import drafts_after_prompt
+    from dspark.protocols import drafter_traits
 
     from .toy_drafter import SEQ_LEN
 
@@ -181,7 +181,7 @@ def test_prompt_end_anchors_train_blocks_at_the_prompts_last_token_and_say_so(tm
         assert seen and all((SEQ_LEN // 2 - 1 in anchors) == recipe for anchors in seen)
         folder = save_drafter(tmp_path / f"drafter-{recipe}-{num_anchors}", drafter, target)
         assert json.loads((folder / "config.json").read_text()).get("prompt_end_anchors", False) == recipe
-        assert drafts_after_prompt(load_drafter(folder, target)) == recipe
+        assert drafter_traits(load_drafter(folder, target)).after_prompt == recipe
 
 
 # -- CE first, then TV ----------------------------------------------------------------------------
