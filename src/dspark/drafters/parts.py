@@ -1,6 +1,6 @@
 """A drafter that holds a network part under the part's own weight names (SPEC §5.4).
 
-DSpark and DFlash both hold the DFlash backbone (``drafters/dflash.py``) rather than
+DSpark and DFlash both hold the DFlash backbone (``drafters/backbone.py``) rather than
 inherit from it. Registering the backbone as a submodule would rename every weight
 (``backbone.fc.weight``), breaking the shipped drafters, DeepSpec-compatible exports and
 the training checkpoints of running campaigns, whose optimizer state is keyed by the

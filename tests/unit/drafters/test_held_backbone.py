@@ -15,12 +15,12 @@ import torch
 from safetensors import safe_open
 
 from dspark.decoding.loop import speculative_generate
-from dspark.drafters.dflash import DFlashBackbone
+from dspark.drafters.backbone import DFlashBackbone
 from dspark.drafters.dspark import DSparkConfig, DSparkDrafter
-from dspark.formats.folder import load_drafter
 from dspark.drafters.parts import hold
-from dspark.formats.shipped import shipped_drafter_dir
+from dspark.formats.folder import load_drafter
 from dspark.formats.shared_weights import SHARED_KEYS
+from dspark.formats.shipped import shipped_drafter_dir
 from dspark.presets.tiny import tiny_target_dir
 from dspark.protocols import SamplingParams, SequenceState
 from dspark.targets import TargetAdapter
@@ -85,7 +85,7 @@ def test_shipped_drafter_keys_and_drafts_unchanged(embedded_target, method):
         shipped = list(f.keys())
     drafter = load_drafter(folder, embedded_target)
     assert "backbone" not in dict(drafter.named_children())  # held, not a prefix
-    # a file may leave out the target's own embedding / head (drafters/shared_weights.py)
+    # a file may leave out the target's own embedding / head (formats/shared_weights.py)
     omitted = set(SHARED_KEYS) - set(shipped)
     assert sorted(drafter.state_dict()) == sorted([*shipped, *omitted])
     assert [n for n, _ in drafter.named_parameters()] == list(drafter.state_dict())  # names = keys
