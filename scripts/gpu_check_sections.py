@@ -244,7 +244,7 @@ def sps_qwen3_8b(scale: Scale) -> dict:
 def engine_qwen3_8b(scale: Scale) -> dict:
     """Engine overhead (share of a step outside model forwards), n-gram drafter, greedy."""
     from dspark.drafters.ngram import NgramDrafter
-    from dspark.engine.step_costs import engine_overhead, random_prompts
+    from dspark.bench.step_costs import engine_overhead, random_prompts
 
     target = _target(scale, "qwen3-8b", scale.sps_layers)
     prompts = random_prompts(target.vocab_size, max(scale.engine_batches) + 2, 96)

@@ -38,6 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("data",),
     ("training",),
     ("eval", "server"),
+    ("bench",),
     ("quickstart",),
     ("campaign",),
     ("commands",),

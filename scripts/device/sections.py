@@ -231,7 +231,7 @@ def speed(ctx: Context) -> dict:
     """Tokens/s of the engine at batch 1 and batched, each trained drafter against plain decoding."""
     from dspark.data.chat import prompt_ids
     from dspark.data.prompts import load_prompts
-    from dspark.engine.step_costs import engine_overhead
+    from dspark.bench.step_costs import engine_overhead
     from dspark.formats.folder import load_drafter
     from dspark.presets.tiny import resolve_target
     from dspark.targets import TargetAdapter

@@ -1,7 +1,7 @@
 """``dspark bench serve``: closed-loop clients against the real server, per policy.
 
 Every point is measured in the same process as the others (the machine is noisy); the
-measuring itself lives in :mod:`dspark.server.load`.
+measuring itself lives in :mod:`dspark.bench.serve_load`.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def main_bench_serve(args: argparse.Namespace) -> int:
     from dspark.data.prompts import load_prompts
     from dspark.formats.build import build_drafter
     from dspark.output_folders import claim_outputs
-    from dspark.server.load import bench_serve, plot_load
+    from dspark.bench.serve_load import bench_serve, plot_load
 
     claim = dict(names=_OUTPUTS, command="bench serve", force=args.force)
     claim_outputs(Path(args.out), **claim, write=False)  # before the (long) benchmark

@@ -1,4 +1,4 @@
-"""Engine overhead: the share of a step spent outside model forwards (issue 6 goal: < 15% at batch 32).
+"""Engine overhead: the share of a step spent outside model forwards (goal: < 15 % at batch 32).
 
 Runs ``batch`` requests through a fresh engine as one continuous batch, after a short
 warm-up, and splits the step time into the target forward, the drafter's ``propose``
