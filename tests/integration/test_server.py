@@ -198,6 +198,6 @@ def test_metrics_count_requests_and_speculation(client, url):
     assert m["dspark_request_latency_seconds_count{endpoint=/v1/completions}"] >= 1
     assert m["dspark_kv_slots{}" if "dspark_kv_slots{}" in m else "dspark_kv_slots"] == 4
     assert m["dspark_engine_alive"] == 1
-    # the cost-aware drafting decision is visible: rounds judged, rounds not drafted, their share
+    # the controller's decisions are visible: rounds planned, rounds decoded plainly, their share
     assert 0 <= m["dspark_engine_plain_rounds_total"] <= m["dspark_engine_planned_rounds_total"]
     assert 0.0 <= m["dspark_plain_round_share"] <= 1.0

@@ -151,13 +151,13 @@ def add_no_progress(p: argparse.ArgumentParser, *, help: str = "no progress bar"
 
 
 def add_payoff(p: argparse.ArgumentParser) -> None:
-    """``--no-payoff-control`` / ``--no-proposer-choice``: the per-request payoff controller (issue 17)."""
+    """``--no-payoff-control`` / ``--no-proposer-choice``: the speculation controller (DESIGN §9.0)."""
     p.add_argument(
         "--no-payoff-control",
         action="store_true",
-        help="draft every round the early exit allows, even where drafting and verification cost more "
-        "time than the accepted tokens save (default: each request drafts only while its own history "
-        "says it pays at the current batch, probing now and then; lossless either way)",
+        help="draft every round, even where drafting and verification cost more time than the accepted "
+        "tokens save (default: each request drafts only while its own history says it pays at the "
+        "current batch, probing now and then; lossless either way)",
     )
     p.add_argument(
         "--no-proposer-choice",

@@ -3,12 +3,12 @@
 The engine decodes exactly as it serves (same forward, same verification), so the
 tokens/s an eval reports is the engine's. For acceptance figures that measure the
 drafter, not the engine's policies, the request runs alone, verifies every draft
-(``fixed``) and never skips drafting (early exit off); greedy answers are then
+(``fixed``) and drafts every round (no speculation controller); greedy answers are then
 identical to the batch-1 reference loop's.
 
 Calibration needs each round's confidences ``c_1..c_ℓ``, which the engine does not
 report: :class:`_ConfidenceTap` wraps the drafter and keeps the confidences of every
-``propose`` call. With one request and early exit off, the k-th call is the k-th round
+``propose`` call. With one request drafting every round, the k-th call is the k-th round
 (drafting stops only at the end, when no budget is left), so the calls line up with
 ``GenerationResult.rounds``.
 """

@@ -1,4 +1,4 @@
-"""Online confidences for drafters without a confidence head, and the early-exit predictor."""
+"""Online confidences for drafters without a confidence head."""
 
 from __future__ import annotations
 
