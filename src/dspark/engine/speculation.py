@@ -11,8 +11,8 @@ the engine's requests and clocks into them and carries its decisions out:
   drafter's catch-up on tokens it has not absorbed (``scheduler/costs.py``), all on one
   clock (:func:`~dspark.engine.profile.pricing_clock`);
 - **proposals**: each proposer drafts once for the requests that chose it, and the parts
-  merge into one block (``engine/merged_block.py``), every row what its proposer would
-  have drafted alone;
+  merge into one block (:func:`merge_blocks`), every row what its proposer would have
+  drafted alone (lossless);
 - **outcomes**: what each round verified and accepted goes back to the controller.
 """
 
@@ -25,7 +25,6 @@ from collections.abc import Callable, Mapping
 import torch
 
 from dspark.drafters.ngram import NgramConfig, NgramDrafter
-from dspark.engine.merged_block import merge_blocks
 from dspark.protocols import DraftBlock, Drafter, drafter_traits
 from dspark.scheduler.acceptance import shadow_outcome
 from dspark.scheduler.controller import Controller, ControllerConfig, Offer, RoundCosts, Spec
@@ -231,3 +230,50 @@ def _one_hot_block(proposals: list[list[int]], K: int) -> DraftBlock:
     for i, found in enumerate(proposals):
         tokens[i, : len(found)] = torch.tensor(found, dtype=torch.long)
     return DraftBlock(tokens=tokens, lengths=lengths, probs=None)
+
+
+def merge_blocks(
+    parts: list[tuple[list, DraftBlock]],
+    K: int,
+    vocab_size: int,
+    fill_confidences: Callable[[torch.Tensor], torch.Tensor],
+) -> DraftBlock:
+    """Rows of every part, in order, padded to K drafts; confidences kept iff some part has them.
+
+    ``fill_confidences`` maps peaks ``[n, K]`` (:meth:`DraftBlock.peaks`) to confidences for
+    the rows of a part without its own. The merged block is one-hot (``probs`` None) when
+    every part is; otherwise the one-hot parts' rows are built (a sampled round mixing an
+    n-gram proposal with a model draft: the only case that pays for them).
+    """
+    parts = [(reqs, b) for reqs, b in parts if reqs]
+    if not parts:
+        return DraftBlock.empty(0, vocab_size)
+    if len(parts) == 1 and parts[0][1].max_len == K:
+        return parts[0][1]
+    dense = next((b.probs for _, b in parts if b.probs is not None and b.max_len > 0), None)
+    tokens, lengths, probs, confs = [], [], [], []
+    with_conf = any(b.confidences is not None for _, b in parts)
+    for _, b in parts:
+        n, k = b.tokens.shape
+        t = torch.zeros(n, K, dtype=torch.long)
+        t[:, :k] = b.tokens.cpu()
+        tokens.append(t)
+        lengths.append(b.lengths.cpu().clamp(max=K))
+        if dense is not None:
+            p = dense.new_zeros(n, K, dense.shape[-1])  # [n, K, V]
+            if b.probs is not None:
+                p[:, :k] = b.probs.to(p)
+            else:  # one-hot at the tokens (the padding's rows too: distributions, never read)
+                p.scatter_(-1, t.to(p.device).unsqueeze(-1), 1.0)
+            probs.append(p)
+        if with_conf:
+            c = b.confidences if b.confidences is not None else fill_confidences(b.peaks())
+            cc = torch.zeros(n, K)
+            cc[:, :k] = c.cpu().float()[:, :K]
+            confs.append(cc)
+    return DraftBlock(
+        tokens=torch.cat(tokens),
+        lengths=torch.cat(lengths),
+        probs=torch.cat(probs) if dense is not None else None,
+        confidences=torch.cat(confs) if with_conf else None,
+    )

@@ -1,7 +1,8 @@
-"""Verification scheduling (DESIGN §9): how many drafts of each request to verify per step.
+"""Verification scheduling and the speculation controller (DESIGN §9).
 
-Pure functions of confidences, per-request caps and a profiled SPS table; nothing here
-knows about models (``scheduler`` never imports ``targets`` or ``drafters``).
+Pure functions and plain state over confidences, acceptance counts, per-request caps and
+measured seconds; nothing here knows about models (``scheduler`` never imports ``targets``
+or ``drafters``).
 """
 
 from dspark.scheduler.confidence_estimator import ConfidenceEstimator, EstimatorConfig
@@ -9,42 +10,30 @@ from dspark.scheduler.controller import Controller, ControllerConfig, Offer, Rou
 from dspark.scheduler.policies import (
     POLICIES,
     Policy,
-    PolicyRule,
-    StepInputs,
-    fixed_lengths,
     global_search,
     parse_policy,
-    prefix_async_lengths,
     prefix_lengths,
     schedule,
     stale_history,
-    survival,
-    threshold_lengths,
 )
 from dspark.scheduler.profile import SpsTable, default_sizes, measure_sps
 
 __all__ = [
+    "POLICIES",
+    "ConfidenceEstimator",
     "Controller",
     "ControllerConfig",
+    "EstimatorConfig",
     "Offer",
+    "Policy",
     "RoundCosts",
     "Spec",
-    "ConfidenceEstimator",
-    "EstimatorConfig",
-    "POLICIES",
-    "Policy",
-    "PolicyRule",
-    "StepInputs",
     "SpsTable",
     "default_sizes",
-    "fixed_lengths",
     "global_search",
     "measure_sps",
     "parse_policy",
-    "prefix_async_lengths",
     "prefix_lengths",
     "schedule",
     "stale_history",
-    "survival",
-    "threshold_lengths",
 ]

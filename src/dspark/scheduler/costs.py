@@ -161,9 +161,8 @@ class StepCosts:
 class DraftCosts:
     """One proposer's seconds per call, ``d0 + d1·n`` for ``n`` requests drafting together."""
 
-    memory: float = 0.98  # weight of the past per call (~50 calls)
     min_spread: float = 0.25  # variance of n below which d0 and d1 cannot be told apart
-    calls: DecayedFit = field(default_factory=lambda: DecayedFit(dims=1, memory=0.98))
+    calls: DecayedFit = field(default_factory=lambda: DecayedFit(dims=1, memory=0.98))  # ~50 calls
 
     def observe(self, num_requests: int, seconds: float) -> None:
         if num_requests >= 1 and seconds >= 0:

@@ -1,4 +1,4 @@
-"""One block from the parts several proposers drafted (engine/merged_block.py).
+"""One block from the parts several proposers drafted (engine/speculation.py: merge_blocks).
 
 A deterministic part (n-gram lookup) carries no probabilities: the merged block stays
 without them when every part is one-hot, and builds its one-hot rows only beside a part
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from dspark.engine.merged_block import merge_blocks
+from dspark.engine.speculation import merge_blocks
 from dspark.protocols import DraftBlock
 
 V, K = 11, 4
