@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build (once per machine) llama.cpp's CPU binaries from the sources vendored in the PyPI
 # sdist llama-cpp-python==0.3.36, for tests/interop/test_llamacpp_*.py and
-# scripts/bench_llamacpp_serve.py. Idempotent: a build whose ready marker names this sdist's sha256
+# `dspark bench llamacpp`. Idempotent: a build whose ready marker names this sdist's sha256
 # and whose binaries run is reused as is. Release, CPU only, static, no tests/examples
 # beyond the targets listed; more targets as arguments (`bash .ci/llamacpp_build.sh llama-server`:
 # CI does not build the server, which would add minutes). -DGGML_NATIVE=ON because the cache is

@@ -1,4 +1,6 @@
-"""Fuzz a real ``dspark serve`` once per drafter (issue 40): no engine death, no 5xx, ``/health`` answered.
+"""Fuzz a real ``dspark serve`` once per drafter: no engine death, no 5xx, ``/health`` answered.
+
+Run by a maintainer after a change to the server, the engine or a drafter (minutes per drafter).
 
 Per drafter, ``dspark --threads 1 serve --port 0 --drafter D`` with every other setting
 at its default (embedded tiny target, ``prefix`` scheduler, payoff control) on

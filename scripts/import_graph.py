@@ -1,5 +1,7 @@
 """The package import graph of ``src/dspark``, checked against the intended layering.
 
+Run by ``tests/unit/test_import_graph.py``; by a maintainer after moving a module (``--write-docs``).
+
 Every ``import dspark.X`` / ``from dspark.X import ...`` / ``from dspark import X`` (top
 level or inside a function) is an edge from the importing package to package ``X``. A
 top-level module (``errors.py``, ``protocols.py``, ``threads.py``, ``cli.py``) counts as a

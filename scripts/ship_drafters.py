@@ -1,4 +1,4 @@
-"""Ship a campaign's converged drafters (a maintainer's step, issue 16 item 5; issue 36).
+"""Ship a campaign's converged drafters: run by a maintainer once a campaign has converged.
 
     python scripts/ship_drafters.py --campaign ~/.cache/dspark/campaigns/tiny --target tiny
     python scripts/ship_drafters.py --campaign ~/.cache/dspark/campaigns/smollm2 --target smollm2

@@ -1,4 +1,6 @@
-"""Merge what device calls brought back, and install the drafters they trained (issue 36).
+"""Merge what device calls brought back, and install the drafters they trained.
+
+Run by a maintainer (or a session) here, after the last device call of the prepared GPU run.
 
     python scripts/device/collect.py /work/.device/<call-1 files> /work/.device/<call-2 files> ...
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prepared device run's entry on the GPU machine (issue 36), from the repository root:
+# The prepared device run's entry on the GPU machine, run once per device call from the repository root:
 #   bash scripts/device/device.sh --call call-1 --budget-s 180
 # Installs the carried wheels once (into /tmp/site), points dspark's cache at the stash that
 # outlives each call while the machine stays warm, and runs scripts/device/run.py with the

@@ -1,4 +1,6 @@
-"""Files that cross to and from the GPU machine in pieces (issue 36): split, join, digests.
+"""Files that cross to and from the GPU machine in pieces: split, join, digests.
+
+Imported by plan.py, run.py and collect.py (not run by hand).
 
 A device call carries 64 MiB at most and brings back at most 8 files of 16 MiB: the pinned
 SmolLM2 GGUF (98 MB) goes over in parts, and the trained drafters come back as shards of a

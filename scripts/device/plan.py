@@ -1,4 +1,5 @@
-"""Prepare the device run's calls here, before the machine starts (issue 36).
+"""Prepare the device run's calls here, before the machine starts: run by a maintainer (or a
+session) before a GPU run.
 
     python scripts/device/plan.py                  # .device/call-N/ and the calls to make, in order
     python scripts/device/plan.py --no-sparse      # if a sparse checkout cannot be used

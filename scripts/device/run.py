@@ -1,4 +1,5 @@
-"""The prepared device run (issue 36): one resumable script, run once per device call.
+"""The prepared device run: one resumable script, run once per device call (by device.sh on the
+GPU machine; with ``--dry-run`` by tests/integration/test_device_run_dry.py on a CPU).
 
     bash scripts/device/device.sh --call call-1 --budget-s 180    # on the GPU machine
     python scripts/device/run.py --dry-run --call call-1 ...       # the same on a CPU (CI)
@@ -26,6 +27,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tarfile
 import time
@@ -35,7 +37,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))  # gpu_check
 
 import payload  # noqa: E402
 
@@ -46,7 +47,7 @@ CAPS = {
     "smollm2_campaign": (120, 330),
     "speed": (45, 90),  # the SPS profile of the target on its first use, then 4 drafters x 3 batches
     "tiny_sweeps": (60, 150),
-    "train_shapes": (60, 180),  # gpu_check gave the two shapes 100 and 90 s
+    "train_shapes": (60, 180),  # the two shapes took 100 and 90 s
 }
 DRY_CAP = 240  # a section's cap in the dry run
 RETURN_FILES = 8  # what one call may bring back: 8 files ...
@@ -131,9 +132,27 @@ def needs_met(name: str, stash: Path) -> str | None:
 Runner = Callable[[str, float], dict]  # (section, limit_s) -> record
 
 
+def run_process(cmd: list[str], limit_s: float, env: dict[str, str]) -> dict:
+    """Run a section's process under ``limit_s``; its record from the JSON on its last stdout line."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit_s, env=env)
+    except subprocess.TimeoutExpired as e:
+        tail = (e.stderr or b"")[-2000:]
+        return {
+            "status": "timeout",
+            "stderr": tail.decode(errors="replace") if isinstance(tail, bytes) else tail,
+        }
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode or not lines:
+        return {"status": "error", "rc": proc.returncode, "stderr": proc.stderr[-2000:]}
+    try:
+        return {"status": "ok", "result": json.loads(lines[-1])}
+    except json.JSONDecodeError:
+        return {"status": "error", "stderr": f"no JSON result: {lines[-1][:200]}"}
+
+
 def run_child(ns: argparse.Namespace) -> Runner:
     """A runner that runs a section in a fresh ``python run.py --child NAME`` process."""
-    from gpu_check import run_process
 
     def run(name: str, limit_s: float) -> dict:
         cmd = [sys.executable, __file__, "--child", name, "--stash", str(ns.stash)]

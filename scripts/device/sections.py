@@ -1,4 +1,4 @@
-"""The sections of the prepared device run (issue 36), in priority order; each runs in its own
+"""The sections of the prepared device run, in priority order (imported by run.py); each runs in its own
 process under a time limit (``scripts/device/run.py``) and returns a JSON-able dict.
 
 ``Scale`` is :data:`GPU` on the device and :data:`DRY` for the CPU dry run that CI exercises:
@@ -106,16 +106,16 @@ def _dspark(args: list[str], *, timeout: float) -> dict:
 
 
 def env(ctx: Context) -> dict:
-    import gpu_check_sections
+    import gpu_sections
 
-    return gpu_check_sections.env(gpu_check_sections.DRY if ctx.dry_run else gpu_check_sections.FULL)
+    return gpu_sections.env(gpu_sections.DRY if ctx.dry_run else gpu_sections.FULL)
 
 
 def cuda_tests(ctx: Context) -> dict:
     """Losslessness in bf16 and fp32 and the engine on CUDA: the ``gpu``-marked tests."""
-    import gpu_check_sections
+    import gpu_sections
 
-    return gpu_check_sections.gpu_tests(gpu_check_sections.FULL)
+    return gpu_sections.gpu_tests(gpu_sections.FULL)
 
 
 # -- 2. the SmolLM2 campaign --------------------------------------------------------------------
@@ -229,9 +229,9 @@ def _control(records: Path, target: str) -> dict:
 
 def speed(ctx: Context) -> dict:
     """Tokens/s of the engine at batch 1 and batched, each trained drafter against plain decoding."""
+    from dspark.bench.step_costs import engine_overhead
     from dspark.data.chat import prompt_ids
     from dspark.data.prompts import load_prompts
-    from dspark.bench.step_costs import engine_overhead
     from dspark.formats.folder import load_drafter
     from dspark.presets.tiny import resolve_target
     from dspark.targets import TargetAdapter
@@ -288,8 +288,8 @@ def tiny_sweeps(ctx: Context) -> dict:
 
 
 def train_shapes(ctx: Context) -> dict:
-    """gpu_check's training tokens/s and peak memory at the Qwen3-8B and -4B drafter shapes."""
-    import gpu_check_sections as g
+    """Training tokens/s and peak memory at the Qwen3-8B and -4B drafter shapes."""
+    import gpu_sections as g
 
     scale = g.DRY if ctx.dry_run else g.FULL
     return {"qwen3_8b": g.train_qwen3_8b(scale), "qwen3_4b": g.train_qwen3_4b(scale)}

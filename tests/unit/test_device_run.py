@@ -20,9 +20,24 @@ import payload  # noqa: E402
 import plan  # noqa: E402
 import run  # noqa: E402
 
-from tests.unit.test_gpu_check import FakeClock  # noqa: E402
-
 MB = 10**6
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_section_past_its_limit_is_killed_and_recorded_as_timeout(tmp_path):
+    sleepy = tmp_path / "sleepy"
+    sleepy.write_text("#!/bin/sh\nsleep 30\n")
+    sleepy.chmod(0o755)
+    assert run.run_process([str(sleepy)], 1.0, dict(os.environ))["status"] == "timeout"
+    ok = run.run_process([sys.executable, "-c", "print('{\"a\": 1}')"], 30.0, dict(os.environ))
+    assert ok == {"status": "ok", "result": {"a": 1}}
 
 
 def test_the_gguf_crosses_in_two_calls_with_a_sparse_tree(tmp_path):

@@ -1,8 +1,8 @@
 """``dspark bench markov-overhead`` and ``dspark bench round``: where a round's time goes.
 
 Each times its parts against the rest of a round measured in the same process (the
-machine is noisy); the measuring itself lives in :mod:`dspark.eval.overhead` and
-:mod:`dspark.eval.round_cost`.
+machine is noisy); the measuring itself lives in :mod:`dspark.bench.overhead` and
+:mod:`dspark.bench.round_cost`.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ def add_bench_overhead_args(p: argparse.ArgumentParser) -> None:
 def main_bench_overhead(args: argparse.Namespace) -> int:
     """Cost of DSpark's sequential (Markov/RNN) sampling loop as a share of a round (goal ≤ 1.3%)."""
     from dspark import conditions as run_conditions
+    from dspark.bench.overhead import sequential_head_overhead
     from dspark.commands.loading import load_inference_target
     from dspark.data.chat import prompt_ids
     from dspark.data.prompts import load_prompts
-    from dspark.eval.overhead import sequential_head_overhead
     from dspark.formats.build import build_drafter
 
     target = load_inference_target(args.target, args.dtype)
@@ -79,15 +79,15 @@ def add_bench_round_args(p: argparse.ArgumentParser) -> None:
 
 
 def main_bench_round(args: argparse.Namespace) -> int:
-    """Where a greedy batch-1 round's time goes (eval/round_cost.py), per dtype; the sequential
+    """Where a greedy batch-1 round's time goes (bench/round_cost.py), per dtype; the sequential
     loop before issue 17 is timed beside today's."""
     import torch
 
     from dspark import conditions as run_conditions
+    from dspark.bench.round_cost import round_breakdown
     from dspark.commands.loading import load_target
     from dspark.data.chat import prompt_ids
     from dspark.data.prompts import load_prompts
-    from dspark.eval.round_cost import round_breakdown
     from dspark.formats.build import build_drafter
     from dspark.targets.dtype import DTYPES
 

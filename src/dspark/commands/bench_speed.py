@@ -1,8 +1,8 @@
 """``dspark bench decode`` and ``dspark bench matrix``: speedups over plain decoding.
 
 Each prints ratios against a baseline run in the same process (the machine is noisy);
-the measuring itself lives in :mod:`dspark.eval.decode_speed` and
-:mod:`dspark.eval.speed_matrix`.
+the measuring itself lives in :mod:`dspark.bench.decode_speed` and
+:mod:`dspark.bench.speed_matrix`.
 """
 
 from __future__ import annotations
@@ -65,9 +65,9 @@ def add_bench_decode_args(p: argparse.ArgumentParser) -> None:
 def main_bench_decode(args: argparse.Namespace) -> int:
     """Batch-1 greedy tokens/s of HF generate vs our loop with each drafter, as ratios from one run."""
     from dspark import conditions as run_conditions
+    from dspark.bench.decode_speed import batch1_engine, bench_decode, verify_cost_ratio
     from dspark.commands.loading import load_inference_target, load_target
     from dspark.data.prompts import load_prompts
-    from dspark.eval.decode_speed import batch1_engine, bench_decode, verify_cost_ratio
     from dspark.formats.build import build_drafter
 
     # Every prompt set is read (and a bad one refused) before anything is decoded.
@@ -180,10 +180,10 @@ def add_bench_matrix_args(p: argparse.ArgumentParser) -> None:
 def main_bench_matrix(args: argparse.Namespace) -> int:
     """Prompt set x drafter x concurrency -> speedup over plain decoding: payoff control vs static."""
     from dspark import conditions as run_conditions
+    from dspark.bench.speed_matrix import PAYOFF, goals, speed_matrix
     from dspark.commands.loading import load_inference_target
     from dspark.data.chat import prompt_ids
     from dspark.data.prompts import load_prompts
-    from dspark.eval.speed_matrix import PAYOFF, goals, speed_matrix
     from dspark.formats.build import build_drafter
 
     concurrencies = sorted(set(args.concurrency))

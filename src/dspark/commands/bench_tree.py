@@ -1,6 +1,6 @@
 """``dspark bench tree``: chains and token trees side by side on the batch-1 loops.
 
-The measuring lives in :mod:`dspark.eval.tree_compare`; this module parses, runs and prints.
+The measuring lives in :mod:`dspark.bench.tree_compare`; this module parses, runs and prints.
 """
 
 from __future__ import annotations
@@ -56,11 +56,11 @@ def add_bench_tree_args(p: argparse.ArgumentParser) -> None:
 
 def main_bench_tree(args: argparse.Namespace) -> int:
     """τ, drafts verified per round and batch-1 tokens/s of chains and token trees, per drafter."""
+    from dspark.bench.tree_compare import batch1_sps, compare, tree_arms
     from dspark.commands.loading import load_inference_target
     from dspark.data.chat import prompt_ids
     from dspark.data.prompts import load_prompts
     from dspark.eval.plots import plot_sweep_lines
-    from dspark.eval.tree_compare import batch1_sps, compare, tree_arms
     from dspark.formats.build import build_drafter
     from dspark.protocols import SamplingParams
     from dspark.sampling.tree import TreeConfig

@@ -3,7 +3,7 @@
 On a CPU ``torch.argmax`` over the last dimension walks each row one element at a time
 (it tracks an index beside the value), while ``amax`` is a vectorised reduction. On
 49,152-wide fp32 rows, one thread, 576 rows: ``argmax`` 84–94 ms, ``amax`` 13 ms, and the
-blocked argmax below 18 ms (bf16: 174 → 20 ms; ``python scripts/bench_argmax.py``). A greedy
+blocked argmax below 18 ms (bf16: 174 → 20 ms; ``scripts/bench_argmax.py`` in git history). A greedy
 round takes the argmax of every verified row of the target and every drafted row of the
 drafter, so at a real vocabulary it was most of the per-round work left outside the
 forwards (stop 30).

@@ -43,7 +43,7 @@ ATTENTION_NAME = "dspark_flat"
 # Decode and verification runs attend as one group while it pads to at most this many times
 # their rows (FlatStep.build). At 3, one request verifying 8 beside 3 decoding (32 rows for 11)
 # was 6-8 % slower as one group; at 2 no case measured lost more than 1.5 %, from 4 to 64
-# requests (``scripts/bench_flat_groups.py``)
+# requests (``scripts/bench_flat_groups.py`` in git history)
 MERGE_PADDING = 2.0
 
 
@@ -160,7 +160,7 @@ class FlatStep:
         Single-token runs (plain decoding) and short multi-token runs (verification) attend in
         two groups where one would pad too much: every row of a group is padded to its
         longest run, and one request verifying 8 tokens among 63 decoding made the tiny
-        target's whole step 1.6× slower for 11 % more tokens (``scripts/bench_ragged_step.py``,
+        target's whole step 1.6× slower for 11 % more tokens (``scripts/bench_ragged_step.py`` in git history,
         BENCHMARKS.md). Where one group holds at most ``MERGE_PADDING`` times the real rows,
         they attend together: a second group is a second attention call per layer, and
         spread over the slots both groups read the whole slot range (half of 16 or 64

@@ -1,6 +1,6 @@
 """DSpark's cheaper batch-1 round (issue 17) drafts exactly what the per-step loop drafted.
 
-The reference (``eval/round_cost.py: per_step_loop``) is the loop as it was: every step
+The reference (``bench/round_cost.py: per_step_loop``) is the loop as it was: every step
 processes ``U_k + B_k`` through ``batch_probs`` (one-hot at the argmax when greedy), draws
 with ``sample_tokens`` and computes that step's confidence. The greedy path now keeps only
 the argmax per step and computes the confidences of the whole block at once; tokens must
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dspark.eval.round_cost import per_step_loop
+from dspark.bench.round_cost import per_step_loop
 from dspark.protocols import SamplingParams
 
 from .builders import BLOCK, build, make_state, prompt

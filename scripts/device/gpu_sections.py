@@ -1,15 +1,15 @@
-"""The sections of ``scripts/gpu_check.py`` (issue 14): each one runs in its own process.
+"""The GPU sections the prepared device run borrows (``scripts/device/sections.py``: ``env``,
+``cuda_tests``, ``train_shapes``); each runs in its own process.
 
-Every section is ``section(scale) -> dict`` (JSON-able). ``scale`` is :data:`FULL` on a GPU
-and :data:`DRY` for the CPU dry run that CI exercises (tiny shapes, same code paths).
+Run by the device run, not by hand. Every section is ``section(scale) -> dict`` (JSON-able).
+``scale`` is :data:`FULL` on a GPU and :data:`DRY` for the CPU dry run that CI exercises
+(tiny shapes, same code paths).
 Targets are random-init Qwen3 models with the real shapes and vocabulary but fewer
 layers (``target_layers``; each result says how many), so nothing is downloaded.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # Qwen3 shapes (config.json of the released models); vocabulary 151,936.
 QWEN3 = {
@@ -140,9 +140,9 @@ def _train_one(
 ) -> dict:
     import torch
 
-    from dspark.training import distributed
     from dspark.data.samples import TrainDataset, TrainSample
     from dspark.drafters.dspark import DSparkConfig, DSparkDrafter
+    from dspark.training import distributed
     from dspark.training.trainer import TrainConfig, Trainer
 
     torch.manual_seed(1)
@@ -224,75 +224,3 @@ def train_qwen3_4b(scale: Scale) -> dict:
 
 def train_qwen3_8b(scale: Scale) -> dict:
     return _train(scale, "qwen3-8b")
-
-
-def sps_qwen3_8b(scale: Scale) -> dict:
-    """SPS(B) of a Qwen3-8B-shaped target with ``sps_layers`` of its 36 layers."""
-    from dspark.engine.profile import profile_sps
-    from dspark.targets.flat import KVStore
-
-    target = _target(scale, "qwen3-8b", scale.sps_layers)
-    store = KVStore.for_target(target, num_slots=scale.sps_slots, capacity=512)
-    sps = profile_sps(target, store, block_size=7, repeats=5)
-    return {
-        "target_layers": scale.sps_layers,
-        "of_layers": 36,
-        "sps": {str(b): round(s, 2) for b, s in zip(sps.tokens, sps.steps_per_s)},
-    }
-
-
-def engine_qwen3_8b(scale: Scale) -> dict:
-    """Engine overhead (share of a step outside model forwards), n-gram drafter, greedy."""
-    from dspark.drafters.ngram import NgramDrafter
-    from dspark.bench.step_costs import engine_overhead, random_prompts
-
-    target = _target(scale, "qwen3-8b", scale.sps_layers)
-    prompts = random_prompts(target.vocab_size, max(scale.engine_batches) + 2, 96)
-    rows = []
-    for batch in scale.engine_batches:
-        for drafter, policy in ((None, "fixed"), (NgramDrafter(target.vocab_size), "prefix")):
-            report = engine_overhead(
-                target, drafter, prompts, batch=batch, policy=policy, max_tokens=scale.engine_max_tokens
-            )
-            rows.append({"drafter": "ngram" if drafter else "none", **report.as_dict()})
-    return {"target_layers": scale.sps_layers, "rows": rows}
-
-
-def campaign(scale: Scale) -> dict:
-    """A short tiny-target drafter campaign until the section's time runs out; drafters copied to $OUT."""
-    if not scale.campaign:
-        return {"skipped": "dry run"}
-    work = Path(tempfile.mkdtemp(prefix="dspark-campaign-"))
-    out = Path(os.environ.get("OUT") or ROOT) / "campaign-drafters"
-    # A shortened campaign (fewer prompts, epochs and evaluation answers) so that drafters can
-    # finish in the minutes left; the plan's stages and code paths are the full campaign's.
-    short = ["--prompts", "256", "--epochs", "2", "--eval-prompts", "8", "--eval-max-tokens", "64"]
-    cmd = [sys.executable, "-m", "dspark", "campaign", "--target", "tiny", "--out", str(work), *short]
-    cmd.append("--no-progress")
-    deadline = float(os.environ.get("GPU_CHECK_SECTION_S", "120")) - 15  # leave time to copy
-    try:
-        run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(deadline, 10))
-        rc, tail = run.returncode, run.stderr[-3000:]
-    except subprocess.TimeoutExpired as e:
-        rc, tail = "timeout", (e.stderr or b"")[-3000:].decode(errors="replace")
-    copied = []
-    for folder in sorted((work / "drafters").glob("*")):  # the campaign's finished drafters/<method>
-        if (folder / "config.json").is_file():
-            shutil.copytree(folder, out / folder.name, dirs_exist_ok=True)
-            copied.append(folder.name)
-    for record in work.glob("*.json"):  # the campaign's own state and results
-        out.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(record, out / record.name)
-    status = subprocess.run([*cmd[:-1], "--status"], cwd=ROOT, capture_output=True, text=True)
-    return {"rc": rc, "status": status.stdout[-2000:], "drafters": copied, "tail": tail}
-
-
-SECTIONS = {
-    "env": env,
-    "gpu_tests": gpu_tests,
-    "train_qwen3_8b": train_qwen3_8b,
-    "train_qwen3_4b": train_qwen3_4b,
-    "sps_qwen3_8b": sps_qwen3_8b,
-    "engine_qwen3_8b": engine_qwen3_8b,
-    "campaign": campaign,
-}

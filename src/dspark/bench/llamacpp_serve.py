@@ -1,4 +1,4 @@
-"""Issue 35: what dspark's drafters do for llama.cpp's users, measured with llama.cpp's own binaries.
+"""What dspark's drafters do for llama.cpp's users, measured with llama.cpp's own binaries.
 
 For each target GGUF (SmolLM2's pinned Q4_1 and the Q8_0 / BF16 / F32 files llama-quantize
 makes from it; or the tiny target's F32 GGUF and its quantizations), each thread count and
@@ -17,25 +17,59 @@ with it the τ a drafter needs to pay: τ > cost(γ + 1) + draft cost, in decode
 
     B=$(bash .ci/llamacpp_build.sh | tail -1)
     dspark export --format gguf --target smollm2 --drafter dspark --out /tmp/sm-gguf
-    PYTHONPATH=. python scripts/bench_llamacpp_serve.py --bin $B --export /tmp/sm-gguf \\
+    dspark bench llamacpp --bin $B --export /tmp/sm-gguf \\
         --quants q4_1,q8_0,bf16 --threads 1,2 --temps 0,1 --limit 4 --json out.json
+    dspark bench llamacpp-plot out.json --out speedup.png
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import logging
 import subprocess
-import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from tests.interop import llamacpp
+import torch
+from transformers import AutoTokenizer
 
-log = logging.getLogger("bench_llamacpp_serve")
+from dspark.bench.llamacpp import plain_run, speculative
+from dspark.data.chat import prompt_ids
+from dspark.data.prompts import load_prompts
+from dspark.engine import Engine, EngineConfig
+from dspark.errors import DsparkError
+from dspark.formats.build import build_drafter
+from dspark.protocols import SamplingParams
+from dspark.targets import TargetAdapter
+
+log = logging.getLogger(__name__)
 SETS = {"gsm8k": "math", "humaneval": "code"}  # held-out: no drafter trained on them
 QUANT_TYPES = {"q8_0": "Q8_0", "bf16": "BF16", "f32": "F32", "q4_1": "Q4_1"}
 VERIFY_K = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LlamacppConfig:
+    """What ``dspark bench llamacpp`` measures: target files, threads, temperatures, prompts."""
+
+    quants: tuple[str, ...] = ("q4_1",)  # target files: q4_1 (SmolLM2's own), q8_0, bf16, f32
+    threads: tuple[int, ...] = (1,)
+    temps: tuple[float, ...] = (0.0,)
+    p_mins: tuple[float, ...] = (0.0, 0.5)  # --spec-draft-p-min values for the drafter
+    sets: tuple[str, ...] = ("gsm8k", "humaneval")
+    limit: int = 4  # prompts per set
+    max_tokens: int = 96
+    block_size: int = 7
+    dspark_engine: bool = False  # also dspark's own engine (greedy runs)
+    dspark_dtype: str = "bfloat16"
+
+    def __post_init__(self) -> None:
+        if unknown := set(self.quants) - set(QUANT_TYPES):
+            raise DsparkError(
+                f"unknown target file type(s) {sorted(unknown)}: not one of {sorted(QUANT_TYPES)}"
+            )
 
 
 def quantized(bin_dir: Path, source: Path, quant: str, source_quant: str) -> Path:
@@ -68,11 +102,6 @@ def verify_costs(bin_dir: Path, model: Path, threads: int) -> dict:
 
 def prompts(tokenizer_folder: Path | None, sets: list[str], limit: int) -> list[tuple[str, str]]:
     """(set, prompt text through the chat template) of the first ``limit`` prompts of each set."""
-    from transformers import AutoTokenizer
-
-    from dspark.data.chat import prompt_ids
-    from dspark.data.prompts import load_prompts
-
     tok = AutoTokenizer.from_pretrained(tokenizer_folder)
     out = []
     for name in sets:
@@ -81,28 +110,26 @@ def prompts(tokenizer_folder: Path | None, sets: list[str], limit: int) -> list[
     return out
 
 
-def run_cell(bin_dir, model, draft, texts, args, threads, temp, p_mins) -> dict:
+def run_cell(bin_dir, model, draft, texts, config: LlamacppConfig, threads: int, temp: float) -> dict:
     """Every method over ``texts``, interleaved prompt by prompt: totals per method."""
-    methods = ["plain", "lookup", *(f"dspark p={p:g}" for p in p_mins)]
+    methods = ["plain", "lookup", *(f"dspark p={p:g}" for p in config.p_mins)]
     tally = {m: {"tokens": 0, "seconds": 0.0, "rounds": 0, "accepted": 0, "drafted": 0} for m in methods}
     for i, (_, text) in enumerate(texts):
         order = methods[i % len(methods) :] + methods[: i % len(methods)]
         for m in order:
             t = tally[m]
             if m == "plain":
-                r = llamacpp.plain_run(bin_dir, model, text, args.max_tokens, threads=threads, temp=temp)
+                r = plain_run(bin_dir, model, text, config.max_tokens, threads=threads, temp=temp)
                 t["tokens"] += r.n_decoded
                 t["seconds"] += r.decode_s
                 t["rounds"] += r.n_decoded
                 continue
-            kw = {"threads": threads, "temp": temp, "n_max": args.block_size}
+            kw = {"threads": threads, "temp": temp, "n_max": config.block_size}
             if m == "lookup":
-                r = llamacpp.speculative(
-                    bin_dir, model, None, text, args.max_tokens, spec_type="ngram-simple", **kw
-                )
+                r = speculative(bin_dir, model, None, text, config.max_tokens, spec_type="ngram-simple", **kw)
             else:
                 p = float(m.split("=")[1])
-                r = llamacpp.speculative(bin_dir, model, draft, text, args.max_tokens, p_min=p, **kw)
+                r = speculative(bin_dir, model, draft, text, config.max_tokens, p_min=p, **kw)
             t["tokens"] += r.n_predict
             t["seconds"] += r.decode_s
             t["rounds"] += r.rounds
@@ -120,31 +147,22 @@ def run_cell(bin_dir, model, draft, texts, args, threads, temp, p_mins) -> dict:
     }
 
 
-def dspark_engine(target_name: str, drafter_source: str, texts, args, threads: int) -> dict:
+def dspark_engine(target_name: str, drafter_source: str, texts, config: LlamacppConfig, threads: int) -> dict:
     """dspark's own engine on the same prompts and drafter, greedy, batch 1, as ``dspark
     generate`` runs it (payoff control on, γ = ``--block-size``), and its plain decoding;
     tokens/s over the whole generate call (its prefill is a small share at these lengths)."""
-    import time
-
-    import torch
-
-    from dspark.commands.loading import load_target
-    from dspark.engine import Engine, EngineConfig
-    from dspark.formats.build import build_drafter
-    from dspark.protocols import SamplingParams
-
     torch.set_num_threads(threads)
-    target = load_target(target_name, dtype=getattr(torch, args.dspark_dtype))
+    target = TargetAdapter.from_pretrained(target_name, dtype=getattr(torch, config.dspark_dtype))
     ids = [target.tokenizer.encode(t, add_special_tokens=False) for _, t in texts]
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    params = SamplingParams(temperature=0.0, max_tokens=config.max_tokens)
     out = {}
     for label, drafter, payoff in (
         ("dspark engine plain", None, False),
         ("dspark engine", drafter_source, True),
     ):
         d = build_drafter(drafter, target) if drafter else None
-        config = EngineConfig(block_size=args.block_size if d else 0, max_batch=1, payoff=payoff)
-        engine = Engine(target, d, config)
+        engine_config = EngineConfig(block_size=config.block_size if d else 0, max_batch=1, payoff=payoff)
+        engine = Engine(target, d, engine_config)
         engine.generate([ids[0]], SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
         tokens = rounds = 0
         started = time.perf_counter()
@@ -164,6 +182,7 @@ def dspark_engine(target_name: str, drafter_source: str, texts, args, threads: i
 
 
 def markdown(results: list[dict]) -> str:
+    """Two tables: τ, tokens/s and speed over plain per cell and method; verify costs per file."""
     lines = [
         "| target | threads | T | method | τ | tokens/s | × plain |",
         "|---|---:|---:|---|---:|---:|---:|",
@@ -186,39 +205,22 @@ def markdown(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--bin", type=Path, required=True, help="llama.cpp's bin folder (.ci/llamacpp_build.sh)")
-    p.add_argument("--export", type=Path, required=True, help="a `dspark export --format gguf` folder")
-    p.add_argument("--quants", default="q4_1", help="target files: q4_1 (SmolLM2's own), q8_0, bf16, f32")
-    p.add_argument("--threads", default="1")
-    p.add_argument("--temps", default="0")
-    p.add_argument("--p-mins", default="0,0.5", help="--spec-draft-p-min values for the drafter")
-    p.add_argument("--sets", default="gsm8k,humaneval")
-    p.add_argument("--limit", type=int, default=4, help="prompts per set")
-    p.add_argument("--max-tokens", type=int, default=96)
-    p.add_argument("--block-size", type=int, default=7)
-    p.add_argument("--dspark-engine", action="store_true", help="also dspark's own engine (greedy runs)")
-    p.add_argument("--dspark-dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    p.add_argument("--json", type=Path, default=None)
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    manifest = json.loads((args.export / "dspark_export.json").read_text())
+def run_llamacpp(bin_dir: Path, export: Path, config: LlamacppConfig) -> dict:
+    """Every cell (target file × threads × temperature) of ``config`` for the drafter exported in
+    ``export`` (a ``dspark export --format gguf`` folder): the JSON that ``--json`` writes."""
+    manifest = json.loads((export / "dspark_export.json").read_text())
     source = Path(manifest["target_gguf"])
     source_quant = "q4_1" if "Q4_1" in source.name else "f32"
     folder = Path(manifest["target"])
-    texts = prompts(folder, args.sets.split(","), args.limit)
+    texts = prompts(folder, list(config.sets), config.limit)
     results = []
-    for quant in args.quants.split(","):
-        model = quantized(args.bin, source, quant, source_quant)
-        for threads in (int(t) for t in args.threads.split(",")):
-            verify = verify_costs(args.bin, model, threads)
+    for quant in config.quants:
+        model = quantized(bin_dir, source, quant, source_quant)
+        for threads in config.threads:
+            verify = verify_costs(bin_dir, model, threads)
             log.info("%s, %d threads: %s", quant, threads, verify)
-            for temp in (float(t) for t in args.temps.split(",")):
-                p_mins = [float(x) for x in args.p_mins.split(",")]
-                methods = run_cell(
-                    args.bin, model, args.export / "draft.gguf", texts, args, threads, temp, p_mins
-                )
+            for temp in config.temps:
+                methods = run_cell(bin_dir, model, export / "draft.gguf", texts, config, threads, temp)
                 cell = {
                     "quant": quant,
                     "threads": threads,
@@ -227,28 +229,69 @@ def main(argv: list[str] | None = None) -> int:
                     "methods": methods,
                 }
                 results.append(cell)
-                log.info("%s", json.dumps(cell))
+                log.info("%s", json.dumps(results[-1]))
     engine = None
-    if args.dspark_engine:
-        threads = int(args.threads.split(",")[0])
-        engine = dspark_engine(str(folder), manifest["source"], texts, args, threads)
+    if config.dspark_engine:
+        threads = config.threads[0]
+        engine = dspark_engine(str(folder), manifest["source"], texts, config, threads)
         log.info("dspark engine, %d threads: %s", threads, json.dumps(engine))
-    print(markdown(results))
-    if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "manifest": manifest,
-                    "args": vars(args) | {"bin": str(args.bin)},
-                    "results": results,
-                    "dspark_engine": engine,
-                },
-                default=str,
-                indent=1,
-            )
+    return {
+        "manifest": manifest,
+        "args": dataclasses.asdict(config) | {"bin": str(bin_dir), "export": str(export)},
+        "results": results,
+        "dspark_engine": engine,
+    }
+
+
+def plot_runs(runs: list[dict], out: Path) -> None:
+    """The figure of BENCHMARKS' llama.cpp section from :func:`run_llamacpp`'s JSON files: speed over
+    llama.cpp's plain decoding per target file and method (right), and verify-k cost against one
+    decode step (left), which sets the τ a drafter needs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = []
+    for data in runs:
+        name = Path(data["manifest"]["target"]).name.split("-")[0]
+        cells += [(name, c) for c in data["results"]]
+    fig, (ax_cost, ax) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [1, 2]})
+    seen = set()
+    for name, c in cells:
+        key = (name, c["quant"], c["threads"])
+        if key in seen:
+            continue
+        seen.add(key)
+        cost = c["verify"]["cost"]
+        ks = sorted(int(k) for k in cost)
+        ax_cost.plot(
+            ks,
+            [cost[str(k)] if str(k) in cost else cost[k] for k in ks],
+            marker="o",
+            label=" ".join(map(str, key)) + "t",
         )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    ax_cost.plot([1, 8], [1, 8], ls=":", color="grey", label="k steps")
+    ax_cost.set(
+        xlabel="tokens verified in one batch (k)",
+        ylabel="cost / one decode step",
+        title="llama.cpp verify cost",
+    )
+    ax_cost.legend(fontsize=7)
+    labels, methods = [], sorted({m for _, c in cells for m in c["methods"] if m != "plain"})
+    for name, c in cells:
+        labels.append(f"{name}\n{c['quant']} {c['threads']}t T={c['temp']:g}")
+    width = 0.8 / max(1, len(methods))
+    for j, m in enumerate(methods):
+        xs = [i + j * width for i in range(len(cells))]
+        ys = [c["methods"].get(m, {}).get("speedup", 0) for _, c in cells]
+        ax.bar(xs, ys, width, label=m)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.axhline(1.3, color="grey", lw=0.8, ls="--")
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cells))], labels, fontsize=7)
+    ax.set(ylabel="× llama.cpp plain decoding (tokens/s)", title="llama.cpp + dspark drafters")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)

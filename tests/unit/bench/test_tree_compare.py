@@ -1,4 +1,4 @@
-"""Chains and trees side by side (``eval/tree_compare.py``, ``dspark bench tree``) on the tiny target."""
+"""Chains and trees side by side (``bench/tree_compare.py``, ``dspark bench tree``) on the tiny target."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
+from dspark.bench.tree_compare import compare, tree_arms
 from dspark.cli import main
 from dspark.data.chat import chat_prompt_ids, user_messages
-from dspark.eval.tree_compare import compare, tree_arms
 from dspark.formats.folder import load_drafter
 from dspark.formats.shipped import shipped_drafter_dir
 from dspark.presets.tiny import builtin_prompts, tiny_target_dir

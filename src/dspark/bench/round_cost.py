@@ -23,9 +23,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from dspark.bench.overhead import median_time
 from dspark.drafters.request_state import sample_tokens
 from dspark.engine import Engine, EngineConfig
-from dspark.eval.overhead import median_time
 from dspark.heads import scale_confidence_logits
 from dspark.protocols import SamplingParams, SequenceState
 from dspark.sampling.probs import batch_probs

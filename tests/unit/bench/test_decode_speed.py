@@ -1,8 +1,8 @@
 """The batch-1 decode benchmark: every method decodes the same tokens (greedy is lossless)."""
 
+from dspark.bench.decode_speed import HF_ASSISTED, HF_METHOD, HF_PROMPT_LOOKUP, batch1_engine, bench_decode
 from dspark.data.prompts import load_prompts
 from dspark.drafters.ngram import NgramDrafter
-from dspark.eval.decode_speed import HF_ASSISTED, HF_METHOD, HF_PROMPT_LOOKUP, batch1_engine, bench_decode
 from dspark.presets.tiny import tiny_target_dir
 from dspark.targets import TargetAdapter
 

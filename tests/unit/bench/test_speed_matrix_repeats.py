@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from dspark.eval.speed_matrix import _Run
+from dspark.bench.speed_matrix import _Run
 
 
 def run(seconds: float, tokens: int, outputs) -> _Run:
@@ -30,8 +30,8 @@ def test_each_repeat_ends_with_plain_decoding_again_as_an_a_a_control(monkeypatc
     """The baseline is plain decoding at both ends of each repeat; how far the second run's speed
     is from the first's is every cell's ``noise``, and a cell below the floor by more than that
     is reported apart."""
-    from dspark.eval import speed_matrix as sm
-    from dspark.eval.speed_matrix import Cell, goals, speed_matrix
+    from dspark.bench import speed_matrix as sm
+    from dspark.bench.speed_matrix import Cell, goals, speed_matrix
 
     order = []
     speeds = iter([100.0, 150.0, 120.0])  # plain, payoff, control: tokens per CPU-second
@@ -60,8 +60,8 @@ def test_each_repeat_ends_with_plain_decoding_again_as_an_a_a_control(monkeypatc
 def test_a_cell_reports_how_far_its_own_repeats_scatter(monkeypatch):
     """``spread``: the standard error of the method's speedup over the repeats, each repeat against
     its own plain and control runs; a cell below the floor by more than two of them is counted."""
-    from dspark.eval import speed_matrix as sm
-    from dspark.eval.speed_matrix import Cell, goals, speed_matrix
+    from dspark.bench import speed_matrix as sm
+    from dspark.bench.speed_matrix import Cell, goals, speed_matrix
 
     # plain, payoff, control per repeat: payoff 0.9x then 1.1x of its repeat's plain pair
     speeds = iter([100.0, 90.0, 100.0, 100.0, 110.0, 100.0])
@@ -87,7 +87,7 @@ def test_a_cell_below_the_floor_within_its_scatter_says_how_many_repeats_would_d
     """A cell 0.02 below the floor with an SE of 0.02 over 4 repeats (one repeat's sd 0.04) is
     undecided; two standard errors shrink to the gap at (2 · 0.04 / 0.02)² = 16 repeats. A cell
     beyond two standard errors is decided, and a cell above the floor is not reported."""
-    from dspark.eval.speed_matrix import Cell, goals, repeats_to_decide
+    from dspark.bench.speed_matrix import Cell, goals, repeats_to_decide
 
     def cell_at(drafter, speedup, spread, repeats):
         return Cell(
