@@ -56,11 +56,11 @@ def main_bench_serve(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from dspark import conditions as run_conditions
+    from dspark.bench.serve_load import bench_serve, plot_load
     from dspark.commands.loading import load_inference_target
     from dspark.data.prompts import load_prompts
     from dspark.formats.build import build_drafter
     from dspark.output_folders import claim_outputs
-    from dspark.bench.serve_load import bench_serve, plot_load
 
     claim = dict(names=_OUTPUTS, command="bench serve", force=args.force)
     claim_outputs(Path(args.out), **claim, write=False)  # before the (long) benchmark

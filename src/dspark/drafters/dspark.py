@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from dspark.drafters.backbone import BackboneDrafter, DFlashBackbone, hold_backbone
 from dspark.drafters.blocks import batch_layout, pack_blocks
 from dspark.drafters.common import DecoderDims, build_from_target
-from dspark.drafters.backbone import BackboneDrafter, DFlashBackbone, hold_backbone
 from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, dspark_objective
 from dspark.drafters.request_state import assert_states, draw_drafts
 from dspark.drafters.tree import SlotScores, build_trees

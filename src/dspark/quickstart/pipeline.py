@@ -325,8 +325,8 @@ class Quickstart:
         )
 
         def run() -> dict[str, Any]:
-            from dspark.formats.folder import load_drafter
             from dspark.bench.serve_load import bench_serve, plot_load
+            from dspark.formats.folder import load_drafter
 
             drafter = load_drafter(self.out / dspark["drafter"], self.decode_target)
             sets = [[pr.turns[0] for pr in b.prompts] for b in self._builtin(skip=0, count=40)]

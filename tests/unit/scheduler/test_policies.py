@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dspark.scheduler import (
+from dspark.scheduler.policies import (
     Policy,
     SpsTable,
     fixed_lengths,
