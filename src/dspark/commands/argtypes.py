@@ -39,6 +39,11 @@ def non_negative_float(text: str) -> float:
     return _checked(text, float, lambda v: v >= 0, "a number >= 0")
 
 
+def tcp_port(text: str) -> int:
+    """A TCP port, 0 (any free one) to 65535."""
+    return _checked(text, int, lambda v: 0 <= v <= 65535, "a port from 0 to 65535")
+
+
 def probability(text: str) -> float:
     """A probability mass in (0, 1] (``--top-p``)."""
     return _checked(text, float, lambda v: 0 < v <= 1, "a number in (0, 1]")

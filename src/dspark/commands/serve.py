@@ -13,7 +13,7 @@ import logging
 import socket
 import sys
 
-from dspark.commands.argtypes import non_negative_float, positive_int
+from dspark.commands.argtypes import non_negative_float, positive_int, tcp_port
 from dspark.commands.options import add_block_size, add_drafter, add_dtype, add_payoff, add_target
 from dspark.errors import DsparkError
 
@@ -51,7 +51,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         action=_PolicyArgument,
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for every interface)")
-    p.add_argument("--port", type=int, default=8000, help="port to listen on (0 = any free port)")
+    p.add_argument("--port", type=tcp_port, default=8000, help="port to listen on (0 = any free port)")
     p.add_argument(
         "--model-name",
         default=None,

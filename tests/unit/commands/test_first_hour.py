@@ -25,6 +25,8 @@ CASES = [
     (["generate", "--prompt", "hi", "--top-k", "-3"], "--top-k", ">= 0"),
     (["serve", "--drafter", MISSING], "--drafter", "no such drafter folder"),
     (["serve", "--target", "./no-such-target"], "--target", "no such model folder"),
+    (["serve", "--port", "-5"], "--port", "0 to 65535"),
+    (["serve", "--port", "70000"], "--port", "0 to 65535"),
     (["eval", "--drafters", f"dspark,mine={MISSING}", "--out", "{tmp}/e"], "--drafters", MISSING),
     (["eval", "--drafters", "ngram", "--target", "/nonexistent", "--out", "{tmp}/e"], "--target", "folder"),
     (["calibrate", "--drafter", MISSING, "--out", "{tmp}/c"], "--drafter", "no such drafter folder"),
