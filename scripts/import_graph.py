@@ -41,8 +41,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("training",),
     ("eval", "server"),
     ("bench",),
-    ("quickstart",),
-    ("campaign",),
+    ("pipeline",),
     ("commands",),
     ("cli",),
     ("__main__",),
@@ -161,7 +160,7 @@ def mermaid(edges) -> str:
             lines.append(f'    subgraph L{i}["layer {i}"]')
             lines += [f"        {p}[{p}]" for p in names]
             lines.append("    end")
-    lines.append("    commands --> quickstart")
+    lines.append("    commands --> pipeline")
     for src, dst in sorted(edges, key=lambda e: (-layers.get(e[0], 0), e[0], e[1])):
         lines.append(f"    {src} --> {dst}")
     lines.append("```")

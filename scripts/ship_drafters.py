@@ -57,8 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def record_for(campaign: Path, method: str, folder: Path):
     """The ``SHIPPED.json`` record of ``method``'s finished training stage in ``campaign``,
     shipped as ``folder``."""
-    from dspark.campaign.progress import read_curve
     from dspark.formats.shipped_record import ShippedRecord, curve_from_log, file_digests, target_record
+    from dspark.pipeline.campaign.progress import read_curve
 
     summary = json.loads((campaign / "stages" / f"train-{method}.json").read_text())["summary"]
     cache = json.loads((campaign / "stages" / "cache.json").read_text())["summary"]

@@ -168,8 +168,8 @@ def smollm2_campaign(ctx: Context) -> dict:
 
 def run_campaign_driver(target: str, out: str, changes: str) -> None:
     """The campaign itself (a child process of :func:`smollm2_campaign`, killed at its limit)."""
-    from dspark.campaign.pipeline import run_campaign
-    from dspark.campaign.plan import PLANS
+    from dspark.pipeline.campaign.pipeline import run_campaign
+    from dspark.pipeline.campaign.plan import PLANS
 
     plan = dataclasses.replace(PLANS[target], **json.loads(changes))
     announce = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731

@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from dspark.campaign.plan import METHODS
 from dspark.cli import main
-from dspark.quickstart.stages import Stages
+from dspark.pipeline.campaign.plan import METHODS
+from dspark.pipeline.stages import Stages
 
 ARGS = ["--prompts", "8", "--epochs", "2", "--eval-prompts", "1", "--eval-max-tokens", "16", "--no-progress"]
 STAGES = ["regenerate", "cache", *(f"train-{m}" for m in METHODS), "eval"]

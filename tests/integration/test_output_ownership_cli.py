@@ -182,7 +182,7 @@ def test_pipelines_refuse_a_users_files_under_their_names(tmp_path, capsys, argv
 
 def test_a_pipeline_folder_from_before_claims_is_adopted_by_its_stage_records(tmp_path):
     from dspark.output_folders import OutputFolderError, read_claims
-    from dspark.quickstart.stages import claim_run_folder
+    from dspark.pipeline.stages import claim_run_folder
 
     out = tmp_path / "out"
     (out / "stages").mkdir(parents=True)

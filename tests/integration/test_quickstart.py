@@ -15,9 +15,9 @@ import pytest
 from dspark.cli import main
 from dspark.formats.shipped import shipped_root
 from dspark.formats.shipped_record import MEASURE, RECORD, ShippedCurve, ShippedRecord
-from dspark.quickstart.pipeline import REFERENCES
-from dspark.quickstart.plan import FAST, METHODS
-from dspark.quickstart.stages import Stages
+from dspark.pipeline.quickstart.pipeline import REFERENCES
+from dspark.pipeline.quickstart.plan import FAST, METHODS
+from dspark.pipeline.stages import Stages
 
 STAGES = ["regenerate", *(f"train-{m}" for m in METHODS), "calibrate", "validation", "eval", "serve"]
 CURVE = ShippedCurve(

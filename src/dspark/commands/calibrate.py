@@ -1,4 +1,4 @@
-"""``dspark calibrate``: arguments and the call into :func:`dspark.eval.calibrate.calibrate_drafter`."""
+"""``dspark calibrate``: arguments and the call into :func:`dspark.pipeline.calibrate.calibrate_drafter`."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def _drafter_folder(spec: str, target=None) -> Path:
 
 def main_calibrate(args: argparse.Namespace) -> int:
     """Fit STS temperatures on held-out rounds, write them into the drafter, report ECE/AUC/Brier."""
-    from dspark.eval.calibrate import calibrate_drafter
+    from dspark.pipeline.calibrate import calibrate_drafter
 
     setup_threads(args)
     if not 0.0 <= args.holdout_fraction < 1.0:

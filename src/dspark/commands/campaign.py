@@ -1,4 +1,4 @@
-"""``dspark campaign``: arguments and the call into :func:`dspark.campaign.pipeline.run_campaign`."""
+"""``dspark campaign``: arguments and the call into :func:`dspark.pipeline.campaign.pipeline.run_campaign`."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def default_root() -> Path:
 
 
 def add_campaign_args(p: argparse.ArgumentParser) -> None:
-    from dspark.campaign.plan import METHODS, PLANS
+    from dspark.pipeline.campaign.plan import METHODS, PLANS
 
     p.add_argument(
         "--target", default="tiny", choices=sorted(PLANS), help="the target whose drafters to train"
@@ -81,13 +81,13 @@ def main_campaign(args: argparse.Namespace) -> int:
     `--sweeps depth,block-size` then trains and evaluates the paper's ablations (Figs. 3
     and 4) from the same feature cache, at the campaign's budget or `--sweep-epochs`.
     """
-    from dspark.campaign.pipeline import run_campaign
-    from dspark.campaign.plan import METHODS, PLANS
-    from dspark.campaign.sweeps import parse_sweeps
+    from dspark.pipeline.campaign.pipeline import run_campaign
+    from dspark.pipeline.campaign.plan import METHODS, PLANS
+    from dspark.pipeline.campaign.sweeps import parse_sweeps
 
     out = args.out or default_root() / args.target
     if args.status:
-        from dspark.campaign.progress import status
+        from dspark.pipeline.campaign.progress import status
 
         if not out.is_dir():
             raise DsparkError(

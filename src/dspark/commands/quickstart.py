@@ -1,4 +1,4 @@
-"""``dspark quickstart``: arguments and the call into :func:`dspark.quickstart.run_quickstart`."""
+"""``dspark quickstart``: arguments and the call into :func:`dspark.pipeline.quickstart.run_quickstart`."""
 
 from __future__ import annotations
 
@@ -52,8 +52,8 @@ def main_quickstart(args: argparse.Namespace) -> int:
     them. No network, no GPU.
     """
     from dspark.errors import DsparkError
-    from dspark.quickstart import FAST, FULL, run_quickstart
-    from dspark.quickstart.report import headline_lines
+    from dspark.pipeline.quickstart import FAST, FULL, run_quickstart
+    from dspark.pipeline.quickstart.report import headline_lines
 
     if args.shipped is not None and not args.shipped.is_dir():
         raise DsparkError(f"--shipped {args.shipped}: no such folder")

@@ -1,6 +1,6 @@
 """``dspark sweep block-size|depth``: the paper's ablations (Figs. 3 and 4) at equal training budgets.
 
-Trains every variant with :func:`dspark.eval.sweeps.run_sweep` (resumable per variant),
+Trains every variant with :func:`dspark.pipeline.sweeps.run_sweep` (resumable per variant),
 evaluates them on the same prompts and seeds and writes ``sweep.json``, the plot and
 ``report.md``. Decoding arguments and their checks are ``dspark eval``'s.
 """
@@ -73,8 +73,8 @@ def add_sweep_depth_args(p: argparse.ArgumentParser) -> None:
 
 def _run_sweep_command(args: argparse.Namespace, kind: str, variants_of) -> int:
     from dspark.data.samples import tokenize_records
-    from dspark.eval.sweeps import OUTPUTS, SweepTraining, run_sweep, write_sweep_report
     from dspark.output_folders import claim_outputs
+    from dspark.pipeline.sweeps import OUTPUTS, SweepTraining, run_sweep, write_sweep_report
 
     setup_threads(args)
     claim_outputs(args.out, OUTPUTS, command="sweep", force=args.force, write=False)
@@ -120,7 +120,7 @@ def _run_sweep_command(args: argparse.Namespace, kind: str, variants_of) -> int:
 
 def main_sweep_block_size(args: argparse.Namespace) -> int:
     """Block-size ablation (paper Fig. 4): train DSpark and DFlash per draft length, compare τ."""
-    from dspark.eval.sweeps import block_size_variants
+    from dspark.pipeline.sweeps import block_size_variants
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     return _run_sweep_command(
@@ -130,7 +130,7 @@ def main_sweep_block_size(args: argparse.Namespace) -> int:
 
 def main_sweep_depth(args: argparse.Namespace) -> int:
     """Depth ablation (paper Fig. 3): train DSpark at several depths and a DFlash baseline, compare τ."""
-    from dspark.eval.sweeps import depth_variants
+    from dspark.pipeline.sweeps import depth_variants
 
     return _run_sweep_command(
         args, "depth", lambda: depth_variants(args.layers, args.baseline_layers, args.gamma)

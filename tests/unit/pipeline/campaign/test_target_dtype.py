@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from dspark.campaign.pipeline import target_dtype
+from dspark.pipeline.campaign.pipeline import target_dtype
 from dspark.targets import dtype as dtypes
 
 

@@ -11,17 +11,17 @@ from typing import Any
 from dspark.conditions import RunConditions, machine_busy
 from dspark.conditions import markdown as conditions_markdown
 from dspark.eval.report import md_table
-from dspark.quickstart import comparison
-from dspark.quickstart.plan import DOMAINS, METHODS, QuickstartPlan
-from dspark.quickstart.references import is_reference
-from dspark.quickstart.stages import StageLog
-from dspark.quickstart.verdicts import (
+from dspark.pipeline.quickstart import comparison
+from dspark.pipeline.quickstart.plan import DOMAINS, METHODS, QuickstartPlan
+from dspark.pipeline.quickstart.references import is_reference
+from dspark.pipeline.quickstart.verdicts import (
     BEYOND_TAU,
     BEYOND_TAU_NOTE,
     calibration_verdict,
     speed_verdict,
     speedup_cell,
 )
+from dspark.pipeline.stages import StageLog
 
 PLAIN = "none"
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from dspark.quickstart.plan import FAST, FULL
-from dspark.quickstart.stages import Stages
+from dspark.pipeline.quickstart.plan import FAST, FULL
+from dspark.pipeline.stages import Stages
 
 
 def _stages(tmp_path):

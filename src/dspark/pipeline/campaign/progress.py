@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dspark.campaign.plan import METHODS
+from dspark.pipeline.campaign.plan import METHODS
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dspark.quickstart.reach import (
+from dspark.pipeline.quickstart.reach import (
     ALREADY,
     AT_LEAST,
     BEFORE_START,

@@ -1,4 +1,4 @@
-"""The campaign's stages, each resumable (:mod:`dspark.quickstart.stages`), for one target.
+"""The campaign's stages, each resumable (:mod:`dspark.pipeline.stages`), for one target.
 
 Layout of a campaign folder (keep it outside git; ``dspark campaign`` defaults to the
 user cache)::
@@ -27,13 +27,13 @@ from typing import Any
 
 import torch
 
-from dspark.campaign.plan import METHODS, CampaignPlan
-from dspark.campaign.plateau import plateaued
-from dspark.campaign.progress import plot_learning_curves
-from dspark.campaign.sweeps import run_sweep
 from dspark.errors import DsparkError
 from dspark.formats.folder import file_sha256
-from dspark.quickstart.stages import Stages, claim_run_folder
+from dspark.pipeline.campaign.plan import METHODS, CampaignPlan
+from dspark.pipeline.campaign.plateau import plateaued
+from dspark.pipeline.campaign.progress import plot_learning_curves
+from dspark.pipeline.campaign.sweeps import run_sweep
+from dspark.pipeline.stages import Stages, claim_run_folder
 
 # The layout's top-level names (module docstring, and `--sweeps`'): what the campaign folder claims.
 OUTPUTS = (
@@ -124,7 +124,7 @@ class TrainingEval:
         self.target, self.real_tau, self.every, self.calls = target, real_tau, every, 0
 
     def __call__(self, drafter, step: int) -> dict[str, float]:
-        from dspark.quickstart.validation import expected_tau
+        from dspark.pipeline.quickstart.validation import expected_tau
 
         result = {"val_expected_tau": expected_tau(drafter, self.target, self.batches)}
         self.calls += 1
@@ -150,7 +150,7 @@ def training_prompts(plan: CampaignPlan):
     if plan.prompt_source == "tiny-corpus":
         return corpus_prompts(plan.prompts)
     if plan.prompt_source == "synthetic":
-        from dspark.campaign.prompts import synthetic_prompts
+        from dspark.pipeline.campaign.prompts import synthetic_prompts
 
         return synthetic_prompts(plan.prompts or 3000, plan.seed)
     raise DsparkError(f"unknown prompt source {plan.prompt_source!r} (tiny-corpus or synthetic)")

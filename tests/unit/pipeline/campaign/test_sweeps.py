@@ -6,8 +6,14 @@ import dataclasses
 
 import pytest
 
-from dspark.campaign.plan import PLANS
-from dspark.campaign.sweeps import parse_sweeps, reused_method, sweep_plan, sweep_variants, training_order
+from dspark.pipeline.campaign.plan import PLANS
+from dspark.pipeline.campaign.sweeps import (
+    parse_sweeps,
+    reused_method,
+    sweep_plan,
+    sweep_variants,
+    training_order,
+)
 from dspark.presets import drafters as presets
 
 PLAN = PLANS["tiny"]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import collections
 
-from dspark.campaign.pipeline import training_prompts
-from dspark.campaign.plan import PLANS
-from dspark.campaign.prompts import synthetic_prompts
+from dspark.pipeline.campaign.pipeline import training_prompts
+from dspark.pipeline.campaign.plan import PLANS
+from dspark.pipeline.campaign.prompts import synthetic_prompts
 
 
 def test_synthetic_prompts_are_deterministic_distinct_and_balanced():

@@ -6,7 +6,7 @@ that have a ``SHIPPED.json`` record) → serving sweep → ``report.md``. Each s
 its outputs and a marker under the run folder; a rerun skips the finished stages.
 """
 
-from dspark.quickstart.pipeline import run_quickstart
-from dspark.quickstart.plan import FAST, FULL, QuickstartPlan
+from dspark.pipeline.quickstart.pipeline import run_quickstart
+from dspark.pipeline.quickstart.plan import FAST, FULL, QuickstartPlan
 
 __all__ = ["FAST", "FULL", "QuickstartPlan", "run_quickstart"]

@@ -14,7 +14,7 @@ can be read at convergence:
 A variant equal to one of the campaign's drafters (same method and configuration) reuses
 it when the sweep's budget is the campaign's; otherwise it trains under its own name. The
 variants are then evaluated together on the campaign's evaluation sets (same prompts, same
-seeds) and reported with :func:`dspark.eval.sweeps.write_sweep_report`.
+seeds) and reported with :func:`dspark.pipeline.sweeps.write_sweep_report`.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dspark.campaign.plan import METHODS, CampaignPlan
+from dspark.pipeline.campaign.plan import METHODS, CampaignPlan
 
 if TYPE_CHECKING:
-    from dspark.campaign.pipeline import Campaign
+    from dspark.pipeline.campaign.pipeline import Campaign
 
 SWEEP_KINDS = ("depth", "block-size")
 SWEPT_METHODS = ("dspark", "dflash")  # the methods the two figures compare
@@ -131,8 +131,8 @@ def run_sweep(
     key = {name: r["drafter_id"] for name, r in runs.items()} | p.part(*campaign.EVAL_FIELDS)
 
     def run() -> dict[str, Any]:
-        from dspark.eval.sweeps import SweepResult, Variant, sweep_points, write_sweep_report
         from dspark.formats.folder import load_drafter
+        from dspark.pipeline.sweeps import SweepResult, Variant, sweep_points, write_sweep_report
 
         drafters = {
             v.label: load_drafter(campaign.out / runs[v.name]["drafter"], campaign.target) for v in variants

@@ -3,8 +3,8 @@
 One :class:`Comparison` per method whose shipped drafter has a ``SHIPPED.json`` record;
 every figure comes from the eval stage's summary (both drafters on the same prompts and
 the same validation set) and the record (how the shipped one was trained, its curve).
-The steps-needed estimate is :func:`dspark.quickstart.reach.steps_to_reach` on the
-shipped curve mapped onto this run's validation set (:func:`dspark.quickstart.reach.scaled`).
+The steps-needed estimate is :func:`dspark.pipeline.quickstart.reach.steps_to_reach` on the
+shipped curve mapped onto this run's validation set (:func:`dspark.pipeline.quickstart.reach.scaled`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from dspark.eval.report import md_table
 from dspark.formats.shipped_record import ShippedRecord
-from dspark.quickstart.reach import (
+from dspark.pipeline.quickstart.reach import (
     ALREADY,
     AT_LEAST,
     BEFORE_START,

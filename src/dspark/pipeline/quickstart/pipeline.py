@@ -1,4 +1,4 @@
-"""The quickstart stages, in order, each resumable (see :mod:`dspark.quickstart.stages`).
+"""The quickstart stages, in order, each resumable (see :mod:`dspark.pipeline.stages`).
 
 Layout of a run folder::
 
@@ -24,10 +24,10 @@ from typing import Any
 
 from dspark import conditions as run_conditions
 from dspark.formats.folder import file_sha256
-from dspark.quickstart.answers import answer, errors_file, mean_tokens, summary_of, training_prompts
-from dspark.quickstart.plan import DOMAINS, METHODS, QuickstartPlan
-from dspark.quickstart.references import REFERENCES, shipped_references
-from dspark.quickstart.stages import Stages, claim_run_folder
+from dspark.pipeline.quickstart.answers import answer, errors_file, mean_tokens, summary_of, training_prompts
+from dspark.pipeline.quickstart.plan import DOMAINS, METHODS, QuickstartPlan
+from dspark.pipeline.quickstart.references import REFERENCES, shipped_references
+from dspark.pipeline.stages import Stages, claim_run_folder
 
 # The layout's top-level names (module docstring): what the run folder claims.
 OUTPUTS = ("data", "train", "drafters", "calibration", "eval", "serve", "stages", "report.md", "summary.json")
@@ -222,7 +222,7 @@ class Quickstart:
         saved = self.out / "drafters" / CALIBRATED
 
         def run() -> dict[str, Any]:
-            from dspark.eval.calibrate import calibrate_drafter
+            from dspark.pipeline.calibrate import calibrate_drafter
 
             benches = self._builtin(skip=p.eval_prompts, count=p.calib_prompts)
             summary = calibrate_drafter(
@@ -279,7 +279,7 @@ class Quickstart:
             from dspark.eval.runner import run_eval
             from dspark.formats.build import build_drafter
             from dspark.formats.folder import load_drafter
-            from dspark.quickstart.validation import read_samples, score_folders
+            from dspark.pipeline.quickstart.validation import read_samples, score_folders
 
             target = self.decode_target
             folders = {m: self.out / d["drafter"] for m, d in drafters.items()}
@@ -366,7 +366,7 @@ def run_quickstart(
     ``shipped_root`` holds the shipped drafters to compare with (default: the package's).
     ``force`` takes over the layout's names in ``out`` that no quickstart claimed.
     """
-    from dspark.quickstart.report import write_report
+    from dspark.pipeline.quickstart.report import write_report
 
     started = time.perf_counter()
     claim_run_folder(out, OUTPUTS, command="quickstart", force=force)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from dspark.campaign.progress import status
+from dspark.pipeline.campaign.progress import status
 
 
 def test_status_names_the_stages_started_and_not_finished(tmp_path):

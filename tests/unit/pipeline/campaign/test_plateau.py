@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from dspark.campaign.pipeline import TAU, PlateauStop
-from dspark.campaign.plateau import plateaued
+from dspark.pipeline.campaign.pipeline import TAU, PlateauStop
+from dspark.pipeline.campaign.plateau import plateaued
 
 STEPS = list(range(10, 1010, 10))  # 100 logged steps
 

@@ -4,7 +4,7 @@ beyond noise, ratios drafting cannot produce)."""
 from __future__ import annotations
 
 from dspark.calibration.metrics import ece_noise
-from dspark.quickstart.verdicts import (
+from dspark.pipeline.quickstart.verdicts import (
     BEYOND_TAU,
     beyond_tau,
     calibration_verdict,

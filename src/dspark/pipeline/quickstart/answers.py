@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark.errors import DsparkError
-from dspark.quickstart.plan import DOMAINS
+from dspark.pipeline.quickstart.plan import DOMAINS
 
 
 def training_prompts(count: int, seed: int):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from dspark.calibration.metrics import ece_noise
-from dspark.quickstart.references import is_reference
+from dspark.pipeline.quickstart.references import is_reference
 
 # A round costs at least one target forward and emits τ tokens on average, so drafting can
 # make decoding at most τ times faster: a measured ratio above τ is timing noise or load.
