@@ -83,6 +83,17 @@ def drafter_spec(text: str) -> str:
     )
 
 
+def prompt_sets(text: str) -> str:
+    """``--bench`` / ``--prompts``: comma-separated names, ``hf:NAME`` or JSONL files; a file named
+    by a path that does not exist is refused here. Names are left to the loader. The text unchanged."""
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        if item.startswith("hf:") or Path(item).expanduser().exists():
+            continue
+        if _looks_like_path(item) or "/" in item or item.endswith((".jsonl", ".json")):
+            raise argparse.ArgumentTypeError(f"no such prompt file: {item!r}")
+    return text
+
+
 def drafter_specs(text: str) -> str:
     """``--drafters A,LABEL=B,...``: every drafter as :func:`drafter_spec` checks it; the text unchanged."""
     for item in filter(None, (s.strip() for s in text.split(","))):

@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from dspark.commands.argtypes import int_list, positive_int
+from dspark.commands.argtypes import int_list, positive_int, prompt_sets
 from dspark.commands.options import add_block_size, add_drafter, add_dtype, add_force, add_payoff, add_target
 
 
@@ -30,7 +30,10 @@ def add_bench_serve_args(p: argparse.ArgumentParser) -> None:
         help="comma-separated closed-loop client counts",
     )
     p.add_argument(
-        "--prompts", default="math,code,chat", help="comma-separated prompt sets (built-in or JSONL)"
+        "--prompts",
+        type=prompt_sets,
+        default="math,code,chat",
+        help="comma-separated prompt sets (built-in or JSONL)",
     )
     p.add_argument("--limit", type=positive_int, default=64, help="prompts per set")
     p.add_argument("--max-tokens", type=positive_int, default=64, help="tokens per answer")

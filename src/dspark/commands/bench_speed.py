@@ -13,7 +13,7 @@ import json
 import logging
 import sys
 
-from dspark.commands.argtypes import int_list, non_negative_float, positive_int
+from dspark.commands.argtypes import int_list, non_negative_float, positive_int, prompt_sets
 from dspark.commands.options import add_block_size, add_drafters, add_dtype, add_payoff, add_target
 from dspark.errors import DsparkError
 
@@ -23,6 +23,7 @@ def add_bench_decode_args(p: argparse.ArgumentParser) -> None:
     add_dtype(p)
     p.add_argument(
         "--bench",
+        type=prompt_sets,
         default="code",
         help="comma-separated prompt sets: built-in names (math, code, chat), shipped benchmark subsets "
         "(gsm8k, humaneval, mt-bench: 20 prompts each) or JSONL paths",
@@ -140,6 +141,7 @@ def add_bench_matrix_args(p: argparse.ArgumentParser) -> None:
     add_dtype(p)
     p.add_argument(
         "--prompts",
+        type=prompt_sets,
         default="code,math,chat",
         help="comma-separated prompt sets: built-in names (math, code, chat), shipped benchmark subsets "
         "(gsm8k, humaneval, mt-bench) or JSONL paths",

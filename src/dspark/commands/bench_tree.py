@@ -9,7 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
-from dspark.commands.argtypes import drafter_specs, int_list, non_negative_float, positive_int
+from dspark.commands.argtypes import drafter_specs, int_list, non_negative_float, positive_int, prompt_sets
 from dspark.commands.options import add_block_size, add_dtype, add_target
 
 
@@ -17,7 +17,10 @@ def add_bench_tree_args(p: argparse.ArgumentParser) -> None:
     add_target(p)
     add_dtype(p)
     p.add_argument(
-        "--bench", default="math,code", help="comma-separated prompt sets (built-in names or JSONL paths)"
+        "--bench",
+        type=prompt_sets,
+        default="math,code",
+        help="comma-separated prompt sets (built-in names or JSONL paths)",
     )
     p.add_argument("--limit", type=positive_int, default=10, help="prompts per set")
     p.add_argument(

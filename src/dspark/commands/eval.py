@@ -16,7 +16,7 @@ import logging
 import sys
 from pathlib import Path
 
-from dspark.commands.argtypes import non_negative_int
+from dspark.commands.argtypes import non_negative_int, prompt_sets
 from dspark.commands.loading import (
     load_drafters,
     load_inference_target,
@@ -61,6 +61,7 @@ def add_decoding_args(
 ) -> None:
     p.add_argument(
         "--bench",
+        type=prompt_sets,
         default=bench,
         help="comma-separated benchmarks: built-in sets (math, code, chat) or JSONL paths "
         "(the file name, e.g. gsm8k.jsonl, picks DeepSpec's prompt cap and the paper's domain)",

@@ -36,6 +36,14 @@ CASES = [
     (["bench", "round", "--drafter", MISSING], "--drafter", "no such drafter folder"),
     (["bench", "tree", "--drafters", f"dspark,{MISSING}"], "--drafters", "no such drafter folder"),
     (
+        ["eval", "--drafters", "ngram", "--bench", "math,/no/such.jsonl", "--out", "{tmp}/e"],
+        "--bench",
+        "no such",
+    ),
+    (["bench", "decode", "--bench", "gsm8k.jsonl"], "--bench", "no such prompt file"),
+    (["bench", "matrix", "--prompts", "code,./p.jsonl"], "--prompts", "no such prompt file"),
+    (["bench", "serve", "--prompts", MISSING], "--prompts", "no such prompt file"),
+    (
         ["data", "regenerate", "--prompts", "math", "--out", "{tmp}/a.jsonl", "--drafter", MISSING],
         "--drafter",
         "no such drafter folder",
@@ -75,6 +83,14 @@ def test_a_missing_folder_is_not_called_an_unknown_drafter():
         argtypes.drafter_spec("./runs/dspark/drafter")
     with pytest.raises(argparse.ArgumentTypeError, match="neither a registered drafter"):
         argtypes.drafter_spec("dspak")  # a typo of a name, not a path
+
+
+def test_prompt_set_names_pass_and_missing_files_do_not(tmp_path):
+    (tmp_path / "p.jsonl").write_text("{}")
+    for text in ("math,code", "gsm8k,hf:openai/gsm8k:test", str(tmp_path / "p.jsonl")):
+        assert argtypes.prompt_sets(text) == text  # names and hf: sets are left to the loader
+    with pytest.raises(argparse.ArgumentTypeError, match="no such prompt file"):
+        argtypes.prompt_sets(f"math,{tmp_path / 'q.jsonl'}")
 
 
 def test_what_exists_or_names_a_hub_model_passes(tmp_path):
