@@ -53,9 +53,11 @@ class AcceptanceCounts:
         self.later_accepted *= factor
 
     def rates(self, prior: tuple[float, float], strength: float) -> tuple[float, float]:
-        """``(e, q)``, shrunk to ``prior`` with ``strength`` pseudo-rounds behind it."""
-        e = (self.first_accepted + strength * prior[0]) / (self.first_tested + strength)
-        q = (self.later_accepted + strength * prior[1]) / (self.later_tested + strength)
+        """``(e, q)``, shrunk to ``prior`` with ``strength`` pseudo-rounds behind it (the prior
+        itself where there is neither evidence nor strength)."""
+        n_first, n_later = self.first_tested + strength, self.later_tested + strength
+        e = (self.first_accepted + strength * prior[0]) / n_first if n_first > 0 else prior[0]
+        q = (self.later_accepted + strength * prior[1]) / n_later if n_later > 0 else prior[1]
         return e, q
 
 

@@ -40,6 +40,7 @@ def test_counts_test_later_drafts_only_after_accepted_ones():
     assert c.rates((0.5, 0.5), strength=0.0) == (0.5, pytest.approx(2 / 3))
     c.age(0.5)
     assert c.rates((0.5, 0.5), strength=0.0) == (0.5, pytest.approx(2 / 3))  # aging keeps the rates
+    assert AcceptanceCounts().rates((0.3, 0.6), strength=0.0) == (0.3, 0.6)  # no evidence, no weight: the prior
 
 
 def test_best_length_trades_expected_tokens_against_verification():
