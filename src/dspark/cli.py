@@ -1,4 +1,5 @@
-"""The ``dspark`` command line: a table of verbs, each an ``add_*_args`` / ``main_*`` pair.
+"""The ``dspark`` command line: one table of verbs (:data:`COMMANDS`), each an ``add_*_args`` /
+``main_*`` pair named by module, so that only the verb being run is imported.
 
 The pairs live in :mod:`dspark.commands`, one module per verb; every ``main_*``
 docstring is its ``--help`` text, and every option's default is shown. User mistakes
@@ -9,31 +10,13 @@ and exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-from dspark.commands import (
-    bench_costs,
-    bench_serve,
-    bench_speed,
-    bench_target,
-    bench_tools,
-    bench_tree,
-    build_tiny_target,
-    calibrate,
-    campaign,
-    data,
-    export,
-    generate,
-    profile,
-    quickstart,
-    serve,
-    sweep,
-    train,
-)
-from dspark.commands import eval as eval_
 from dspark.commands.argtypes import positive_int
 from dspark.commands.options import HelpFormatter, Parser
 from dspark.errors import DsparkError
@@ -41,37 +24,209 @@ from dspark.errors import DsparkError
 AddArgs = Callable[[argparse.ArgumentParser], None]
 Main = Callable[[argparse.Namespace], int]
 
-COMMANDS: dict[str, tuple[AddArgs, Main]] = {
-    "quickstart": (quickstart.add_quickstart_args, quickstart.main_quickstart),
-    "generate": (generate.add_generate_args, generate.main_generate),
-    "build-tiny-target": (build_tiny_target.add_build_tiny_args, build_tiny_target.main_build_tiny_target),
-    "train": (train.add_train_args, train.main_train),
-    "campaign": (campaign.add_campaign_args, campaign.main_campaign),
-    "bench decode": (bench_speed.add_bench_decode_args, bench_speed.main_bench_decode),
-    "bench matrix": (bench_speed.add_bench_matrix_args, bench_speed.main_bench_matrix),
-    "bench target": (bench_target.add_bench_target_args, bench_target.main_bench_target),
-    "bench markov-overhead": (bench_costs.add_bench_overhead_args, bench_costs.main_bench_overhead),
-    "bench round": (bench_costs.add_bench_round_args, bench_costs.main_bench_round),
-    "bench tree": (bench_tree.add_bench_tree_args, bench_tree.main_bench_tree),
-    "profile": (profile.add_profile_args, profile.main_profile),
-    "serve": (serve.add_serve_args, serve.main_serve),
-    "bench serve": (bench_serve.add_bench_serve_args, bench_serve.main_bench_serve),
-    "bench startup": (bench_tools.add_bench_startup_args, bench_tools.main_bench_startup),
-    "bench llamacpp": (bench_tools.add_bench_llamacpp_args, bench_tools.main_bench_llamacpp),
-    "bench llamacpp-plot": (bench_tools.add_bench_llamacpp_plot_args, bench_tools.main_bench_llamacpp_plot),
-    "data prompts": (data.add_prompts_args, data.main_prompts),
-    "data regenerate": (data.add_regenerate_args, data.main_regenerate),
-    "data cache": (data.add_cache_args, data.main_cache),
-    "data estimate": (data.add_estimate_args, data.main_estimate),
-    "eval": (eval_.add_eval_args, eval_.main_eval),
-    "calibrate": (calibrate.add_calibrate_args, calibrate.main_calibrate),
-    "export": (export.add_export_args, export.main_export),
-    "sweep block-size": (sweep.add_sweep_block_size_args, sweep.main_sweep_block_size),
-    "sweep depth": (sweep.add_sweep_depth_args, sweep.main_sweep_depth),
+
+@dataclass(frozen=True)
+class Command:
+    """One verb: its module under :mod:`dspark.commands`, named here and imported only when
+    the verb is the one being parsed, and the one line ``dspark --help`` lists it with (the
+    first line of ``main``'s docstring, which a test pins)."""
+
+    module: str
+    add_args: str
+    main: str
+    summary: str
+
+    def load(self) -> tuple[AddArgs, Main]:
+        mod = importlib.import_module(f"dspark.commands.{self.module}")
+        return getattr(mod, self.add_args), getattr(mod, self.main)
+
+
+# The one table of verbs. ``dspark --help`` imports no command module; ``dspark VERB ...``
+# imports VERB's module alone.
+COMMANDS: dict[str, Command] = {
+    "quickstart": Command(
+        "quickstart",
+        "add_quickstart_args",
+        "main_quickstart",
+        "The whole pipeline on the embedded tiny target: data → train → calibrate → eval → serve → report.",
+    ),
+    "generate": Command(
+        "generate",
+        "add_generate_args",
+        "main_generate",
+        "Generate an answer with speculative decoding; τ and tokens/s go to stderr.",
+    ),
+    "build-tiny-target": Command(
+        "build_tiny_target",
+        "add_build_tiny_args",
+        "main_build_tiny_target",
+        "Rebuild the embedded tiny target: offline corpus, BPE tokenizer, Qwen3 training (DESIGN §11).",
+    ),
+    "train": Command(
+        "train",
+        "add_train_args",
+        "main_train",
+        "Train a drafter against a frozen target (one process, or many under torchrun).",
+    ),
+    "campaign": Command(
+        "campaign",
+        "add_campaign_args",
+        "main_campaign",
+        "From a target to converged, evaluated drafters: regenerate → feature cache → train ×3 → eval.",
+    ),
+    "bench decode": Command(
+        "bench_speed",
+        "add_bench_decode_args",
+        "main_bench_decode",
+        "Batch-1 greedy tokens/s of HF generate vs our loop with each drafter, as ratios from one run.",
+    ),
+    "bench matrix": Command(
+        "bench_speed",
+        "add_bench_matrix_args",
+        "main_bench_matrix",
+        "Prompt set x drafter x concurrency -> speedup over plain decoding: payoff control vs static.",
+    ),
+    "bench target": Command(
+        "bench_target",
+        "add_bench_target_args",
+        "main_bench_target",
+        "How structured the target's greedy answers are on the built-in math/code/chat prompts.",
+    ),
+    "bench markov-overhead": Command(
+        "bench_costs",
+        "add_bench_overhead_args",
+        "main_bench_overhead",
+        "Cost of DSpark's sequential (Markov/RNN) sampling loop as a share of a round (goal ≤ 1.3%).",
+    ),
+    "bench round": Command(
+        "bench_costs",
+        "add_bench_round_args",
+        "main_bench_round",
+        "Where a greedy batch-1 round's time goes (bench/round_cost.py), per dtype; the sequential",
+    ),
+    "bench tree": Command(
+        "bench_tree",
+        "add_bench_tree_args",
+        "main_bench_tree",
+        "τ, drafts verified per round and batch-1 tokens/s of chains and token trees, per drafter.",
+    ),
+    "profile": Command(
+        "profile",
+        "add_profile_args",
+        "main_profile",
+        "Profile SPS(B), target steps per second for a forward of B tokens, and save the table.",
+    ),
+    "serve": Command(
+        "serve",
+        "add_serve_args",
+        "main_serve",
+        "Serve a target with batched speculative decoding over an OpenAI-compatible HTTP API.",
+    ),
+    "bench serve": Command(
+        "bench_serve",
+        "add_bench_serve_args",
+        "main_bench_serve",
+        "Closed-loop clients against the real server: aggregate throughput vs per-user tokens/s per policy.",
+    ),
+    "bench startup": Command(
+        "bench_tools",
+        "add_bench_startup_args",
+        "main_bench_startup",
+        "Start-up seconds of `dspark --help` and of an argument error, beside the interpreter alone",
+    ),
+    "bench llamacpp": Command(
+        "bench_tools",
+        "add_bench_llamacpp_args",
+        "main_bench_llamacpp",
+        "dspark's drafters inside llama.cpp's own binaries: τ and tokens/s over llama.cpp's plain",
+    ),
+    "bench llamacpp-plot": Command(
+        "bench_tools",
+        "add_bench_llamacpp_plot_args",
+        "main_bench_llamacpp_plot",
+        "The figure of `dspark bench llamacpp` runs: speed over llama.cpp's plain decoding per target",
+    ),
+    "data prompts": Command(
+        "data",
+        "add_prompts_args",
+        "main_prompts",
+        "Collect prompt sets into train (and eval) JSONL files: dedup, domain tags, seeded split.",
+    ),
+    "data regenerate": Command(
+        "data",
+        "add_regenerate_args",
+        "main_regenerate",
+        "Have the target answer every prompt, turn by turn, in-process or over OpenAI-compatible HTTP.",
+    ),
+    "data cache": Command(
+        "data",
+        "add_cache_args",
+        "main_cache",
+        "Build the offline feature cache: target features of every training token, sharded, checksummed.",
+    ),
+    "data estimate": Command(
+        "data",
+        "add_estimate_args",
+        "main_estimate",
+        "Bytes per token and total size of a feature cache, from the numbers or a model's config.",
+    ),
+    "eval": Command(
+        "eval",
+        "add_eval_args",
+        "main_eval",
+        "Speculative decoding of benchmarks with several drafters: τ, acceptance per position, speedup.",
+    ),
+    "calibrate": Command(
+        "calibrate",
+        "add_calibrate_args",
+        "main_calibrate",
+        "Fit STS temperatures on held-out rounds, write them into the drafter, report ECE/AUC/Brier.",
+    ),
+    "export": Command(
+        "export",
+        "add_export_args",
+        "main_export",
+        "Export a drafter for vLLM, SGLang or HF, validated by re-loading it; SERVE.md has the commands.",
+    ),
+    "sweep block-size": Command(
+        "sweep",
+        "add_sweep_block_size_args",
+        "main_sweep_block_size",
+        "Block-size ablation (paper Fig. 4): train DSpark and DFlash per draft length, compare τ.",
+    ),
+    "sweep depth": Command(
+        "sweep",
+        "add_sweep_depth_args",
+        "main_sweep_depth",
+        "Depth ablation (paper Fig. 3): train DSpark at several depths and a DFlash baseline, compare τ.",
+    ),
 }
 
+GLOBAL_WITH_VALUE = ("--threads",)  # global options that take a value (``main``'s scan skips it)
 
-def build_parser() -> argparse.ArgumentParser:
+
+def selected(argv: Sequence[str]) -> str:
+    """The verb ``argv`` names (``"bench decode"``), a group alone (``"bench"``), or ``""``."""
+    words, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in GLOBAL_WITH_VALUE:
+            skip = True
+        elif not arg.startswith("-"):
+            words.append(arg)
+            if len(words) == 2:
+                break
+    if " ".join(words) in COMMANDS:
+        return " ".join(words)
+    if words and (words[0] in COMMANDS or any(name.startswith(words[0] + " ") for name in COMMANDS)):
+        return words[0]
+    return ""
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every verb (``only`` None), or of the verb ``only`` names with the others
+    listed by their summary alone (their modules not imported)."""
     parser = Parser(
         prog="dspark",
         description="Lossless speculative decoding: train, evaluate and serve drafters.",
@@ -88,14 +243,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     groups: dict[str, argparse._SubParsersAction] = {}
-    for name, (add_args, fn) in COMMANDS.items():
-        doc = (fn.__doc__ or "").strip().replace("%", "%%")  # argparse formats help with %
+    for name, command in COMMANDS.items():
         group, _, verb = name.rpartition(" ")
         if group and group not in groups:  # "bench decode" → `dspark bench decode`
             gp = sub.add_parser(group, help=f"{group} subcommands", formatter_class=HelpFormatter)
             groups[group] = gp.add_subparsers(dest=f"{group}_command", required=True, metavar="SUBCOMMAND")
+        summary = command.summary.replace("%", "%%")  # argparse formats help with %
+        if only is not None and name != only:
+            (groups[group] if group else sub).add_parser(verb, help=summary, formatter_class=HelpFormatter)
+            continue
+        add_args, fn = command.load()
+        doc = (fn.__doc__ or "").strip().replace("%", "%%")
         p = (groups[group] if group else sub).add_parser(
-            verb, help=doc.splitlines()[0] if doc else None, description=doc, formatter_class=HelpFormatter
+            verb, help=summary, description=doc, formatter_class=HelpFormatter
         )
         add_args(p)
         p.set_defaults(_fn=fn)
@@ -103,7 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(selected(argv))
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"

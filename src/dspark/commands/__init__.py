@@ -4,7 +4,8 @@ These modules are the only code that may import from any package (the library pa
 import downward only; ``scripts/import_graph.py`` checks it). Each holds an
 ``add_*_args(parser)`` / ``main_*(args)`` pair; shared argument sets are in
 :mod:`~dspark.commands.options`, the resolution of ``--target``, ``--drafter`` and
-``--data`` in :mod:`~dspark.commands.loading`. Heavy modules (torch, transformers,
+``--data`` in :mod:`~dspark.commands.loading`. :data:`dspark.cli.COMMANDS` names each
+module, so ``dspark VERB`` imports VERB's alone; heavy modules (torch, transformers,
 fastapi, matplotlib) are imported inside the ``main_*`` functions only, so that building
-the parser, ``--help`` and argument errors stay fast.
+a verb's parser, its ``--help`` and its argument errors stay fast.
 """
