@@ -79,6 +79,7 @@ class Speculation:
         deterministic proposer offered one)."""
         budgets = [min(K, max(r.draft_budget, 0)) for r in decoding]
         proposals = self._deterministic_proposals(decoding, K)
+        catch_up = self.catch_ups.fit() if self.catch_ups.weight and self.fixed_costs is None else None
         offers = []
         for req, budget in zip(decoding, budgets):
             caps, extra = {}, {}
@@ -87,8 +88,8 @@ class Speculation:
                     caps[name] = min(len(proposals[name][req.id]), budget)
                 else:
                     caps[name] = budget if (req.generated or traits.after_prompt) else 0
-                    if traits.lazy:
-                        extra[name] = self._catch_up_charge(req, name)
+                    if traits.lazy and catch_up is not None:
+                        extra[name] = self._catch_up_charge(req, name, catch_up)
             offers.append(Offer(req.id, caps, extra))
         specs = self.controller.plan(offers, self._costs(len(decoding), K))
         for req, spec in zip(decoding, specs):
@@ -133,13 +134,14 @@ class Speculation:
             draft_s[name], call_s[name] = 0.0, 0.0
         return RoundCosts(rho=rho, verify_s=verify_s, draft_s=draft_s, call_s=call_s)
 
-    def _catch_up_charge(self, req, name: str) -> float:
-        """Seconds of ``req``'s catch-up charged to this round: its share over the next
-        ``CATCH_UP_ROUNDS`` rounds, or over the rounds it has left (two tokens a round) if fewer."""
+    def _catch_up_charge(self, req, name: str, line: tuple[float, float]) -> float:
+        """Seconds of ``req``'s catch-up (``line``: per call, per token) charged to this round: its
+        share over the next ``CATCH_UP_ROUNDS`` rounds, or over the rounds it has left (two
+        tokens a round) if fewer."""
         pending = self.proposers[name].pending(req.state)
-        if pending == 0 or not self.catch_ups.weight or self.fixed_costs is not None:
+        if pending == 0:
             return 0.0
-        a, b = self.catch_ups.fit()
+        a, b = line
         rounds = min(max(math.ceil(max(req.draft_budget + 1, 1) / 2), 1), CATCH_UP_ROUNDS)
         return (a + b * pending) / rounds
 

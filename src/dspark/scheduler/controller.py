@@ -116,6 +116,7 @@ class Controller:
         self.pool: dict[str, AcceptanceCounts] = {}
         self.requests: dict[int, _Request] = {}
         self._fresh: set[str] = set()  # proposers observed since the last plan
+        self._pooled: dict[str, tuple] = {}  # the pool's rates and bounds, while a plan runs
 
     # -- rates --------------------------------------------------------------------------
 
@@ -127,22 +128,31 @@ class Controller:
         """``(e, q, later trials)`` of a request with a proposer: its own counts shrunk to the
         pool's rates (their upper bound with ``bound``), or to the config's guess before any."""
         counts = self._state(key).counts.get(proposer) or AcceptanceCounts()
-        pool = self.pool.get(proposer)
-        if pool is None:
+        pooled = self._pooled.get(proposer) or self._pool_rates(proposer)
+        if pooled is None:
             prior, strength = self._prior(counts)
         else:
-            prior, s = self._prior(pool)
-            e, q = pool.rates(prior, s)
-            if bound:
-                z = self.config.explore
-                e = wilson_upper(e, pool.first_tested + s, z)
-                q = wilson_upper(q, pool.later_tested + s, z)
-            prior, strength = (e, q), self.config.pool_strength
+            prior, strength = pooled[bound], self.config.pool_strength
         e, q = counts.rates(prior, strength)
         return e, q, counts.later_tested + strength
 
+    def _pool_rates(self, proposer: str) -> tuple[tuple[float, float], tuple[float, float]] | None:
+        """The pool's ``(e, q)`` and their upper bounds (None before any outcome), kept for the plan."""
+        pool = self.pool.get(proposer)
+        if pool is None:
+            return None
+        prior, s = self._prior(pool)
+        e, q = pool.rates(prior, s)
+        z = self.config.explore
+        upper = (wilson_upper(e, pool.first_tested + s, z), wilson_upper(q, pool.later_tested + s, z))
+        self._pooled[proposer] = ((e, q), upper)
+        return self._pooled[proposer]
+
     def _state(self, key: int) -> _Request:
-        return self.requests.setdefault(key, _Request(interval=self.config.probe_every))
+        state = self.requests.get(key)
+        if state is None:
+            state = self.requests[key] = _Request(interval=self.config.probe_every)
+        return state
 
     # -- plan ---------------------------------------------------------------------------
 
@@ -152,6 +162,7 @@ class Controller:
             if name not in self._fresh:
                 pool.age(self.config.pool_aging)
         self._fresh.clear()
+        self._pooled.clear()
         gains = [self._gains(o, costs) for o in offers]  # [R] {proposer: (G, ℓ)}
         blocked = {
             p
@@ -213,6 +224,7 @@ class Controller:
             for p in own
             if not self.deterministic.get(p, False)
             and p not in tried
+            and state.skipped >= state.interval  # the clock first: the cost below is the dearer check
             and state.skipped >= self._probe_wait(offer, p, costs)
         ]
         if due:
@@ -253,6 +265,7 @@ class Controller:
             verified, accepted, self.config.pool_memory
         )
         self._fresh.add(proposer)
+        self._pooled.pop(proposer, None)
 
     def forget(self, key: int) -> None:
         """A request finished."""

@@ -250,15 +250,16 @@ def test_backbone_drafters_catch_up_lazily_and_the_catch_up_is_priced(target, sp
         state = SimpleNamespace(token_ids=[0] * (committed + 1), drafter_cache=cache)
         return SimpleNamespace(state=state, draft_budget=budget)
 
-    assert spec._catch_up_charge(req(40, 20), MODEL) == 0.0  # nothing measured yet
     spec.catch_ups.observe((10.0,), 0.0010)
     spec.catch_ups.observe((30.0,), 0.0020)  # 0.5 ms per call + 0.05 ms per token
+    line = spec.catch_ups.fit()
+    assert line == pytest.approx((0.0005, 0.00005))
     whole = 0.0005 + 20 * 0.00005
     # a round is charged its share over the request's next 8 rounds (fewer near its end: two tokens a round)
-    assert spec._catch_up_charge(req(40, 20), MODEL) == pytest.approx(whole / 8)
-    assert spec._catch_up_charge(req(40, 20, budget=3), MODEL) == pytest.approx(whole / 2)
-    assert spec._catch_up_charge(req(40, None), MODEL) == pytest.approx((0.0005 + 40 * 0.00005) / 8)
-    assert spec._catch_up_charge(req(40, 40), MODEL) == 0.0  # up to date: nothing to absorb
+    assert spec._catch_up_charge(req(40, 20), MODEL, line) == pytest.approx(whole / 8)
+    assert spec._catch_up_charge(req(40, 20, budget=3), MODEL, line) == pytest.approx(whole / 2)
+    assert spec._catch_up_charge(req(40, None), MODEL, line) == pytest.approx((0.0005 + 40 * 0.00005) / 8)
+    assert spec._catch_up_charge(req(40, 40), MODEL, line) == 0.0  # up to date: nothing to absorb
 
 
 def test_a_lazy_drafters_first_proposal_absorbs_the_prompt_apart(target, sps):
