@@ -67,7 +67,7 @@ class Speculation:
         self.vocab_size, self.block_size, self.clock = vocab_size, block_size, clock
         self.fixed_costs = dict(draft_costs) if draft_costs is not None else None
         self.steps = StepCosts(sps)
-        self.calls = {name: DraftCosts() for name in self.proposers}
+        self.calls = {name: DraftCosts() for name, t in self.traits.items() if not t.deterministic}
         self.catch_ups = DecayedFit(dims=1, memory=0.98)  # (tokens absorbed, seconds)
         self.update_s = 0.0  # a lazy model's update after its own round, per request (EMA)
         self.drafting_s = 0.0  # drafter seconds inside the current step (not the step's own)
@@ -104,17 +104,14 @@ class Speculation:
         return specs
 
     def _deterministic_proposals(self, decoding: list, K: int) -> dict[str, dict[int, list[int]]]:
+        """Each deterministic proposer's proposal for every request (its seconds are the step's)."""
         out = {}
         for name, traits in self.traits.items():
             if traits.deterministic and decoding:
-                started = self.clock()
-                block = self.proposers[name].propose(
-                    [r.state for r in decoding], K, [r.params for r in decoding]
-                )
+                states, params = [r.state for r in decoding], [r.params for r in decoding]
+                block = self.proposers[name].propose(states, K, params)
                 rows, lengths = block.tokens.tolist(), block.lengths.tolist()
                 out[name] = {r.id: row[:n] for r, row, n in zip(decoding, rows, lengths)}
-                if self.fixed_costs is None:
-                    self.calls[name].observe(len(decoding), self.clock() - started)
         return out
 
     def _costs(self, num_requests: int, K: int) -> RoundCosts:
@@ -122,16 +119,12 @@ class Speculation:
         if self.fixed_costs is not None:
             return RoundCosts(rho=rho, verify_s=verify_s, draft_s=self.fixed_costs)
         a, c, b = self.steps.model(num_requests, K)
-        draft_s, call_s = {}, {}
+        draft_s, call_s = {}, {}  # a deterministic proposer's: none (it proposed for everyone anyway)
         for name, calls in self.calls.items():
             rows = self.traits[name].rows_per_request(K)
-            d0, d1 = calls.split((a, c + b * (rows - 1)))
-            draft_s[name], call_s[name] = d1, d0
+            call_s[name], draft_s[name] = calls.split((a, c + b * (rows - 1)))
             if self.traits[name].lazy:
                 draft_s[name] += self.update_s
-        deterministic = [n for n, t in self.traits.items() if t.deterministic]
-        for name in deterministic:  # proposed for every request anyway: only its rows cost
-            draft_s[name], call_s[name] = 0.0, 0.0
         return RoundCosts(rho=rho, verify_s=verify_s, draft_s=draft_s, call_s=call_s)
 
     def _catch_up_charge(self, req, name: str, line: tuple[float, float]) -> float:
