@@ -198,10 +198,11 @@ class Speculation:
 
     def observe_round(self, req, verified: int, accepted: int, drafted: bool) -> None:
         """A committed round (``req.generated`` holds its tokens): its outcome, and the shadow's."""
-        # An answer's first round is left out: a drafter trained on prompt-end anchors learns
-        # it apart (0.5-0.9 of 7 accepted there against 2-3.6 later on the tiny target).
-        if drafted and req.proposer is not None and len(req.rounds) > 1:
-            self.controller.observe(req.id, req.proposer, verified, accepted)
+        # A model's first round after the prompt is left out: a drafter trained on prompt-end
+        # anchors learns it apart (0.5-0.9 of 7 accepted there against 2-3.6 later, tiny target).
+        proposer = req.proposer if drafted else None
+        if proposer is not None and (len(req.rounds) > 1 or self.traits[proposer].deterministic):
+            self.controller.observe(req.id, proposer, verified, accepted)
         if req.shadow is not None:
             name, start, proposal = req.shadow
             outcome = shadow_outcome(proposal, req.generated[start:])

@@ -172,7 +172,8 @@ class Controller:
         specs, tried = [], set()
         for offer, own in zip(offers, gains):
             spec = self._decide(offer, own, blocked, tried, costs)
-            if spec.proposer is not None and spec.proposer not in self.pool:
+            untried = spec.proposer is not None and spec.proposer not in self.pool
+            if untried and not self.deterministic.get(spec.proposer, False):  # rule 5
                 tried.add(spec.proposer)
             specs.append(spec)
         for p in blocked & {s.proposer for s in specs}:  # the call runs anyway: join it where it pays

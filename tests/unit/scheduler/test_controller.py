@@ -40,7 +40,10 @@ def test_counts_test_later_drafts_only_after_accepted_ones():
     assert c.rates((0.5, 0.5), strength=0.0) == (0.5, pytest.approx(2 / 3))
     c.age(0.5)
     assert c.rates((0.5, 0.5), strength=0.0) == (0.5, pytest.approx(2 / 3))  # aging keeps the rates
-    assert AcceptanceCounts().rates((0.3, 0.6), strength=0.0) == (0.3, 0.6)  # no evidence, no weight: the prior
+    assert AcceptanceCounts().rates((0.3, 0.6), strength=0.0) == (
+        0.3,
+        0.6,
+    )  # no evidence, no weight: the prior
 
 
 def test_best_length_trades_expected_tokens_against_verification():
@@ -144,6 +147,9 @@ def test_a_deterministic_proposer_is_never_probed_and_an_untried_one_is_tried_on
     assert [s.proposer for s in first] == ["model", None, None]  # one request tries the model first
     ctrl.observe(0, "model", K, K)
     assert all(s.proposer == "model" for s in ctrl.plan(offers, costs(0.05, R=3)))
+    free = Controller({"model": False, "ngram": True})  # a deterministic proposer costs no first try
+    lookups = [Offer(key, {"model": 0, "ngram": 3}) for key in range(3)]
+    assert [s.proposer for s in free.plan(lookups, costs(0.05, R=3))] == ["ngram"] * 3
     lookup_only = Controller({"ngram": True}, ControllerConfig(probe_every=1, probe_budget=10.0))
     for _ in range(20):
         assert lookup_only.plan([Offer(0, {"ngram": 0})], costs(0.0))[0].proposer is None
