@@ -17,6 +17,7 @@ from dspark.engine.engine import Engine, EngineConfig
 from dspark.protocols import Drafter, SamplingParams
 from dspark.scheduler import SpsTable
 from dspark.targets import TargetAdapter
+from dspark.targets.flat import KVStore, Run, flat_forward
 
 
 @dataclass(frozen=True)
@@ -121,8 +122,6 @@ def flat_vs_padded(
     flattened (what the engine runs) and padded to the longest run (every run computes
     ``max(lengths)`` tokens, as an ``[R, T_max]`` padded batch would)."""
     import time
-
-    from dspark.targets.flat import KVStore, Run, flat_forward
 
     R = len(lengths)
     store = KVStore.for_target(target, num_slots=R, capacity=context + max(lengths))

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from dspark.calibration.collect import ConfidenceRounds
-from dspark.calibration.metrics import DEFAULT_BINS, bin_index
+from dspark.calibration.metrics import DEFAULT_BINS, bin_index, ece
 
 # 241 log-spaced temperatures from 1/20 to 20; T = 1 (no change) is the middle point.
 DEFAULT_GRID = np.exp(np.linspace(np.log(0.05), np.log(20.0), 241))
@@ -118,7 +118,6 @@ def keep_improving(
     rounds that makes the other part worse calibrated is noise, not a calibration, and
     is not written into a drafter.
     """
-    from dspark.calibration.metrics import ece
 
     K = rounds.block_size
     kept = [1.0] * K

@@ -11,9 +11,9 @@ from dspark.commands.options import add_target
 from dspark.drafters.registry import TRAINABLE
 from dspark.errors import DsparkError
 
-# Light copies, so that the parser needs no torch; a test pins them to drafters.export's.
-FORMATS = ("vllm", "sglang", "speculators", "hf", "gguf")  # drafters.export.FORMATS
-DTYPE_NAMES = ("bf16", "fp16", "fp32")  # the keys of drafters.export.DTYPES
+# Light copies, so that the parser needs no torch; a test pins them to formats.export's.
+FORMATS = ("vllm", "sglang", "speculators", "hf", "gguf")  # formats.export.FORMATS
+DTYPE_NAMES = ("bf16", "fp16", "fp32")  # the keys of formats.export.DTYPES
 
 
 def add_export_args(p: argparse.ArgumentParser) -> None:

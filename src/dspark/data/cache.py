@@ -37,6 +37,8 @@ import torch
 from torch import Tensor
 
 from dspark.data.cache_checks import check_index, check_shard_entries
+from dspark.data.samples import TrainSample
+from dspark.drafters.blocks import batch_anchors
 from dspark.errors import DsparkError
 from dspark.protocols import TrainBatch
 
@@ -368,7 +370,6 @@ class FeatureCache:
         Wrap them in a ``TrainDataset`` to drive the sampler: its fingerprint equals the
         one of the records the cache was built from.
         """
-        from dspark.data.samples import TrainSample
 
         out = []
         for i in range(len(self)):
@@ -397,7 +398,6 @@ class FeatureCache:
         Padding positions get zero features; no block ever sees them (they come after every
         supervised token of their row).
         """
-        from dspark.drafters.blocks import batch_anchors
 
         samples = [self.sample(i, dtype) for i in indices]
         B, T = len(samples), max(s.input_ids.numel() for s in samples)

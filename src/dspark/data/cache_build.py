@@ -33,6 +33,7 @@ from dspark.data.cache import (
     template_identity,
 )
 from dspark.data.estimate import CacheEstimate, check_disk, estimate_cache
+from dspark.data.samples import tokenize_records
 from dspark.durable import write_atomic
 from dspark.errors import DsparkError
 
@@ -178,7 +179,6 @@ class CacheJob:
         announce: Callable[[CacheEstimate], None] | None = None,
     ) -> CacheJob:
         """Tokenize, estimate the size (to ``announce`` when ``show``) and check the disk."""
-        from dspark.data.samples import tokenize_records
 
         records = list(records)
         dataset = tokenize_records(

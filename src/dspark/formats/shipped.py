@@ -25,6 +25,9 @@ from importlib import resources
 from pathlib import Path
 
 from dspark.errors import DsparkError
+from dspark.formats.shared_weights import target_fingerprint
+from dspark.formats.shipped_record import read_records
+from dspark.user_cache import cache_root
 
 DEFAULT_TARGET = "tiny"  # the folder a caller without a loaded target means
 
@@ -36,7 +39,6 @@ def shipped_root() -> Path:
 
 def store_root() -> Path:
     """``<cache_root>/drafters``: shipped drafters kept outside git (``$DSPARK_CACHE`` moves it)."""
-    from dspark.user_cache import cache_root
 
     return cache_root() / "drafters"
 
@@ -75,8 +77,6 @@ def fits_target(raw: dict, target) -> bool:
         return False
     record = raw.get("dspark_shared_weights")
     if record and record.get("target_sha256"):
-        from dspark.formats.shared_weights import target_fingerprint
-
         return record["target_sha256"] == target_fingerprint(target)
     return True
 
@@ -91,7 +91,6 @@ def _find(method: str, target, root: Path) -> Path | None:
 def recorded_target(target) -> str | None:
     """The name of the shipped target that ``target`` is, by the package's records: any method's
     record that names the target's fingerprint (a record's drafter may live in the store)."""
-    from dspark.formats.shipped_record import read_records
 
     for name in shipped_targets(root=shipped_root()):
         for record in read_records(shipped_root() / name).values():

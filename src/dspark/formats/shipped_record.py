@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dspark.formats.folder import file_sha256
+
 RECORD = "SHIPPED.json"
 MEASURE = "eval/val_expected_tau"  # the measure of a stored curve (see campaign/pipeline.py: TrainingEval)
 MAX_POINTS = 40
@@ -191,7 +193,6 @@ def target_record(folder: Path) -> dict[str, Any] | None:
 
 def file_digests(folder: Path) -> dict[str, str]:
     """sha256 of each file a drafter folder is made of (config and weights)."""
-    from dspark.formats.folder import file_sha256
 
     return {
         f.name: file_sha256(f) for f in sorted(folder.iterdir()) if f.is_file() and not f.name.startswith(".")

@@ -25,9 +25,16 @@ from pathlib import Path
 
 import numpy as np
 
+from dspark.calibration.collect import ConfidenceRounds, split_by_group
+from dspark.calibration.metrics import position_calibration
+from dspark.calibration.sts import apply_sts, compose_temperatures, fit_sts, keep_improving
 from dspark.durable import write_atomic
 from dspark.errors import DsparkError
-from dspark.output_folders import claim_outputs
+from dspark.eval import plots
+from dspark.eval.report import md_table, write_json
+from dspark.eval.runner import run_eval
+from dspark.formats.folder import DRAFTER_FILES, load_drafter
+from dspark.output_folders import check_replaceable, claim_outputs, publish_folder, temp_folder
 
 REPORT_FILES = ("calibration.json", "calibration.md", "reliability.png")  # what --out gets
 POSITIONS_SHOWN = (1, 3, 5, 7)  # the paper's Fig. 6 panels
@@ -42,7 +49,6 @@ def write_temperatures(folder: Path, temperatures: tuple[float, ...]) -> None:
 
 
 def _check(folder: Path, save_to: Path, force: bool) -> dict:
-    from dspark.formats.folder import DRAFTER_FILES
 
     # The run a copy belongs to is the path it was written at: a copy moved elsewhere by hand is
     # the user's (:mod:`dspark.output_folders`).
@@ -58,7 +64,6 @@ def _check(folder: Path, save_to: Path, force: bool) -> dict:
 
 def check_save_to(folder: Path, save_to: Path, force: bool = False) -> None:
     """Refuse a ``--save-to`` that would lose data, before any work is done."""
-    from dspark.output_folders import check_replaceable
 
     check_replaceable(save_to, **_check(folder, save_to, force))
 
@@ -69,8 +74,6 @@ def save_calibrated_copy(
     """A copy of the drafter folder with the temperatures (None: unchanged), at ``save_to``: never
     replacing a folder this command did not write there (unless ``force``, and then only a drafter
     folder), nor one that holds the source (:mod:`dspark.output_folders`)."""
-    from dspark.formats.folder import DRAFTER_FILES
-    from dspark.output_folders import publish_folder, temp_folder
 
     check = _check(folder, save_to, force)
     check_save_to(folder, save_to, force)  # before anything is copied
@@ -111,7 +114,6 @@ def _written(summary: dict) -> str:
 
 
 def _report_md(summary: dict, positions: list[int]) -> str:
-    from dspark.eval.report import md_table
 
     rows = []
     for b, a in zip(summary["before"], summary["after"]):
@@ -178,13 +180,6 @@ def calibrate_drafter(
 
     ``force`` lets the report overwrite unclaimed files of its names in ``out``, and the copy
     replace an unclaimed drafter folder at ``save_to`` (:mod:`dspark.output_folders`)."""
-    from dspark.calibration.collect import ConfidenceRounds, split_by_group
-    from dspark.calibration.metrics import position_calibration
-    from dspark.calibration.sts import apply_sts, compose_temperatures, fit_sts, keep_improving
-    from dspark.eval import plots
-    from dspark.eval.report import write_json
-    from dspark.eval.runner import run_eval
-    from dspark.formats.folder import load_drafter
 
     if not 0.0 <= holdout_fraction < 1.0:
         raise DsparkError(f"--holdout-fraction must be in [0, 1), got {holdout_fraction}")

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark.durable import write_atomic
+from dspark.output_folders import claim_outputs
 from dspark.threads import load_average
 
 
@@ -204,7 +205,6 @@ def claim_run_folder(out: Path, names: tuple[str, ...], *, command: str, force: 
     A folder whose ``stages/`` already holds stage records is a run of this pipeline from
     before claims existed: those records are its markers, so it is claimed as is.
     """
-    from dspark.output_folders import claim_outputs
 
     legacy = any((out / "stages").glob("*.json"))
     claim_outputs(out, names, command=command, force=force or legacy)

@@ -23,6 +23,7 @@ from torch import Tensor
 from dspark.drafters.blocks import batch_anchors
 from dspark.errors import DsparkError
 from dspark.protocols import TrainBatch
+from dspark.targets.flat import KVStore, Run, flat_forward
 
 
 def check_feature_layers(target, drafter_layer_ids) -> None:
@@ -98,7 +99,6 @@ def packed_features(target, input_ids: Tensor, lengths: list[int]) -> Features:
     Projections and MLPs then run on the real tokens only, whatever the spread of lengths
     in the micro-batch; the values on real tokens are those of the padded forward.
     """
-    from dspark.targets.flat import KVStore, Run, flat_forward
 
     B, T = input_ids.shape
     assert len(lengths) == B and min(lengths) > 0 and max(lengths) <= T, (lengths, T)

@@ -18,7 +18,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from dspark.drafters.dflash import DFlashDrafter
+from dspark.drafters.dspark import DSparkDrafter
 from dspark.errors import DsparkError
+from dspark.formats.folder import load_drafter
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +33,6 @@ _SAME = ("num_layers", "block_size", "target_layer_ids", "mask_token_id", "mask_
 def warm_start_backbone(drafter: nn.Module, folder: str | Path, target) -> list[str]:
     """Copy the DFlash drafter at ``folder`` into ``drafter``'s backbone (a DSpark drafter's: into
     all of it); returns the keys copied."""
-    from dspark.drafters.dflash import DFlashDrafter
-    from dspark.drafters.dspark import DSparkDrafter
-    from dspark.formats.folder import load_drafter
 
     if not isinstance(drafter, DSparkDrafter):
         raise DsparkError(

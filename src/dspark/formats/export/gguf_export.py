@@ -24,6 +24,7 @@ from dspark.formats.export.gguf_file import GgufContent, read_gguf, write_gguf
 from dspark.formats.export.gguf_target import target_content
 from dspark.formats.export.layouts import ExportError
 from dspark.formats.folder import EXPORT_MANIFEST, drafter_config_json, file_sha256
+from dspark.targets.smollm2 import GGUF_SHA256, smollm2_gguf
 
 DRAFT_NAME = "draft.gguf"
 TARGET_NAME = "target.gguf"
@@ -34,11 +35,8 @@ SMOLLM2_MARKER = "dspark-target.json"
 def target_gguf(folder: Path) -> tuple[Path | None, GgufContent | None]:
     """The target's own GGUF (a path) or the content dspark writes for it (exactly one is set)."""
     marker = folder / SMOLLM2_MARKER
-    if marker.is_file():
-        from dspark.targets.smollm2 import GGUF_SHA256, smollm2_gguf
-
-        if json.loads(marker.read_text()).get("gguf_sha256") == GGUF_SHA256:
-            return smollm2_gguf(), None
+    if marker.is_file() and json.loads(marker.read_text()).get("gguf_sha256") == GGUF_SHA256:
+        return smollm2_gguf(), None
     if not (folder / "config.json").is_file():
         raise ExportError(f"--format gguf needs the target as a local folder, not {str(folder)!r}")
     return None, target_content(folder)

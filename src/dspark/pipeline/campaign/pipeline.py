@@ -27,13 +27,37 @@ from typing import Any
 
 import torch
 
+from dspark.data.cache import FeatureCache
+from dspark.data.cache_build import CacheBuildConfig
+from dspark.data.cache_pieces import build_cache_in_pieces
+from dspark.data.prompts import Prompt
+from dspark.data.records import read_jsonl
+from dspark.data.regenerate import InProcessBackend, RegenerateConfig, regenerate
+from dspark.data.samples import TrainDataset
+from dspark.drafters.draft_vocab import with_draft_vocab
 from dspark.errors import DsparkError
-from dspark.formats.folder import file_sha256
+from dspark.eval.benchmarks import load_benchmark
+from dspark.eval.online import online_tau_eval
+from dspark.eval.report import write_eval_report
+from dspark.eval.runner import EvalConfig, run_eval
+from dspark.formats.build import build_drafter
+from dspark.formats.folder import file_sha256, load_drafter
 from dspark.pipeline.campaign.plan import METHODS, CampaignPlan
 from dspark.pipeline.campaign.plateau import plateaued
 from dspark.pipeline.campaign.progress import plot_learning_curves
+from dspark.pipeline.campaign.prompts import synthetic_prompts
 from dspark.pipeline.campaign.sweeps import run_sweep
+from dspark.pipeline.quickstart.validation import expected_tau
 from dspark.pipeline.stages import Stages, claim_run_folder
+from dspark.presets import drafters as presets
+from dspark.presets.tiny import resolve_target
+from dspark.protocols import SamplingParams
+from dspark.targets import TargetAdapter
+from dspark.targets.dtype import inference_dtype
+from dspark.tiny.corpus import training_records
+from dspark.training.fresh import train_new_drafter
+from dspark.training.recipe import train_config
+from dspark.training.run_identity import pad_id
 
 # The layout's top-level names (module docstring, and `--sweeps`'): what the campaign folder claims.
 OUTPUTS = (
@@ -107,7 +131,6 @@ class TrainingEval:
     """
 
     def __init__(self, features, target, num_anchors: int, real_tau, every: int) -> None:
-        from dspark.training.run_identity import pad_id
 
         step = max(1, len(features) // VALIDATION_SAMPLES)
         indices = list(range(0, len(features), step))[:VALIDATION_SAMPLES]
@@ -124,7 +147,6 @@ class TrainingEval:
         self.target, self.real_tau, self.every, self.calls = target, real_tau, every, 0
 
     def __call__(self, drafter, step: int) -> dict[str, float]:
-        from dspark.pipeline.quickstart.validation import expected_tau
 
         result = {"val_expected_tau": expected_tau(drafter, self.target, self.batches)}
         self.calls += 1
@@ -135,8 +157,6 @@ class TrainingEval:
 
 def corpus_prompts(limit: int | None):
     """The tiny target's training prompts, in corpus order (the evaluation sets never occur there)."""
-    from dspark.data.prompts import Prompt
-    from dspark.tiny.corpus import training_records
 
     prompts = [
         Prompt((r["conversations"][0]["content"],), r["domain"], f"tiny-corpus:{i}")
@@ -150,8 +170,6 @@ def training_prompts(plan: CampaignPlan):
     if plan.prompt_source == "tiny-corpus":
         return corpus_prompts(plan.prompts)
     if plan.prompt_source == "synthetic":
-        from dspark.pipeline.campaign.prompts import synthetic_prompts
-
         return synthetic_prompts(plan.prompts or 3000, plan.seed)
     raise DsparkError(f"unknown prompt source {plan.prompt_source!r} (tiny-corpus or synthetic)")
 
@@ -165,7 +183,6 @@ def target_dtype(source: Path) -> torch.dtype:
     3.7x faster in bf16 on a CPU with AMX (BENCHMARKS.md, issue 16). It is in no stage key:
     a campaign resumed on another machine keeps what it has.
     """
-    from dspark.targets.dtype import inference_dtype
 
     hidden = json.loads((source / "config.json").read_text()).get("hidden_size")
     return inference_dtype("auto", hidden_size=hidden)
@@ -177,8 +194,6 @@ class Campaign:
     def __init__(
         self, plan: CampaignPlan, out: Path, *, progress: bool, announce: Callable[[str], None]
     ) -> None:
-        from dspark.presets.tiny import resolve_target
-        from dspark.targets import TargetAdapter
 
         self.plan, self.out, self.progress = plan, out, progress
         self.stages = Stages(out, announce=announce)
@@ -205,8 +220,6 @@ class Campaign:
             # Every campaign process on this folder answers the prompts together, each
             # prompt once: the one running the stage until all are answered, the others
             # while any is left that nobody is answering (then they wait for the stage).
-            from dspark.data.regenerate import InProcessBackend, RegenerateConfig, regenerate
-            from dspark.protocols import SamplingParams
 
             params = SamplingParams(
                 temperature=p.regen_temperature, max_tokens=p.regen_max_tokens, seed=p.seed
@@ -221,7 +234,6 @@ class Campaign:
             return regenerate(training_prompts(p), backend, answers, errors, params, config)
 
         def run() -> dict[str, Any]:
-            from dspark.data.records import read_jsonl
 
             summary = answer(wait_for_others=True)
             records = read_jsonl(answers, log=True)
@@ -258,9 +270,6 @@ class Campaign:
         def build(*, wait_for_others: bool) -> dict[str, Any] | None:
             # Piece by piece: a kill loses at most the piece in flight, and every campaign
             # process on this folder writes the pieces nobody else holds.
-            from dspark.data.cache_build import CacheBuildConfig
-            from dspark.data.cache_pieces import build_cache_in_pieces
-            from dspark.data.records import read_jsonl
 
             config = CacheBuildConfig(dtype=p.cache_dtype, max_length=p.max_length, progress=self.progress)
             records = read_jsonl(self.out / data["answers"])
@@ -313,13 +322,6 @@ class Campaign:
         folder = self.out / "drafters" / name
 
         def run() -> dict[str, Any]:
-            from dspark.data.cache import FeatureCache
-            from dspark.data.samples import TrainDataset
-            from dspark.drafters.draft_vocab import with_draft_vocab
-            from dspark.eval.online import online_tau_eval
-            from dspark.presets import drafters as presets
-            from dspark.training.fresh import train_new_drafter
-            from dspark.training.recipe import train_config
 
             features = FeatureCache.open(self.out / "cache")
             features.check_compatible(self.target, template_kwargs={}, max_length=p.max_length)
@@ -382,8 +384,6 @@ class Campaign:
 
     def decode_eval(self, drafters: dict[str, Any], *, baseline: bool = True):
         """``drafters`` on the plan's evaluation sets (same prompts and seeds for each): an EvalResult."""
-        from dspark.eval.benchmarks import load_benchmark
-        from dspark.eval.runner import EvalConfig, run_eval
 
         p = self.plan
         benches = [load_benchmark(name, limit=p.eval_prompts) for name in p.eval_sets]
@@ -398,9 +398,6 @@ class Campaign:
         key = {m: d["drafter_id"] for m, d in trained.items()} | p.part(*self.EVAL_FIELDS)
 
         def run() -> dict[str, Any]:
-            from dspark.eval.report import write_eval_report
-            from dspark.formats.build import build_drafter
-            from dspark.formats.folder import load_drafter
 
             drafters = {m: load_drafter(self.out / d["drafter"], self.target) for m, d in trained.items()}
             drafters["ngram"] = build_drafter("ngram", self.target)

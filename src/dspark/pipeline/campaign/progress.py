@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dspark.eval.plots import plt, save_figure
 from dspark.pipeline.campaign.plan import METHODS
 
 
@@ -101,7 +102,6 @@ def in_progress(out: Path, done: list[str]) -> dict[str, Any]:
 
 def plot_learning_curves(out: Path, tokens_per_step: float, path: Path) -> Path | None:
     """Expected and real τ of every trained drafter against training tokens; None before any log."""
-    from dspark.eval.plots import plt, save_figure  # the Agg backend, set there
 
     curves = {m: read_curve(out / "train" / m / "metrics.jsonl") for m in METHODS}
     curves = {m: c for m, c in curves.items() if c.steps}

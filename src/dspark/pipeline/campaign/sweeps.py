@@ -23,7 +23,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dspark.formats.folder import load_drafter
 from dspark.pipeline.campaign.plan import METHODS, CampaignPlan
+from dspark.pipeline.sweeps import SweepResult, Variant, sweep_points, write_sweep_report
+from dspark.presets import drafters as presets
 
 if TYPE_CHECKING:
     from dspark.pipeline.campaign.pipeline import Campaign
@@ -112,7 +115,6 @@ def run_sweep(
 ) -> dict[str, Any]:
     """Train the variants of one sweep (each its own resumable stage), then evaluate them
     together on the evaluation sets and write ``sweeps/<kind>/report.md`` with its figure."""
-    from dspark.presets import drafters as presets
 
     p = campaign.plan
     plan = sweep_plan(p)
@@ -131,8 +133,6 @@ def run_sweep(
     key = {name: r["drafter_id"] for name, r in runs.items()} | p.part(*campaign.EVAL_FIELDS)
 
     def run() -> dict[str, Any]:
-        from dspark.formats.folder import load_drafter
-        from dspark.pipeline.sweeps import SweepResult, Variant, sweep_points, write_sweep_report
 
         drafters = {
             v.label: load_drafter(campaign.out / runs[v.name]["drafter"], campaign.target) for v in variants

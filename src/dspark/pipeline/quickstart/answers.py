@@ -7,14 +7,16 @@ import random
 from pathlib import Path
 from typing import Any
 
+from dspark.data.prompts import Prompt
+from dspark.data.regenerate import InProcessBackend, RegenerateConfig, regenerate
 from dspark.errors import DsparkError
 from dspark.pipeline.quickstart.plan import DOMAINS
+from dspark.protocols import SamplingParams
+from dspark.tiny.corpus import training_records
 
 
 def training_prompts(count: int, seed: int):
     """``count`` of the tiny target's training prompts, balanced over math / code / chat."""
-    from dspark.data.prompts import Prompt
-    from dspark.tiny.corpus import training_records
 
     by_domain: dict[str, list] = {d: [] for d in DOMAINS}
     for i, record in enumerate(training_records()):
@@ -32,8 +34,6 @@ def training_prompts(count: int, seed: int):
 def answer(target, prompts, answers: Path, *, temperature: float, max_tokens: int, seed: int, progress: bool):
     """The target's answers to ``prompts`` in ``answers`` (resuming a partial file); the
     regeneration summary. A failed prompt is an error naming the file of reasons."""
-    from dspark.data.regenerate import InProcessBackend, RegenerateConfig, regenerate
-    from dspark.protocols import SamplingParams
 
     errors = errors_file(answers)
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)

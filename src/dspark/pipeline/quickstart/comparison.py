@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dspark.eval.plots import plt, save_figure
 from dspark.eval.report import md_table
 from dspark.formats.shipped_record import ShippedRecord
 from dspark.pipeline.quickstart.reach import (
@@ -157,7 +158,6 @@ how far apart the two drafters are in training, not as what more steps of this r
 def plot_curves(items: list[Comparison], path: Path) -> Path | None:
     """The shipped curves (mapped onto this validation set) against training tokens, with
     this run's drafters as points; None when no record has a curve."""
-    from dspark.eval.plots import plt, save_figure  # the Agg backend, set there
 
     with_curve = [c for c in items if c.shipped.curve is not None]
     if not with_curve:

@@ -23,11 +23,27 @@ from pathlib import Path
 from typing import Any
 
 from dspark import conditions as run_conditions
-from dspark.formats.folder import file_sha256
+from dspark.bench.serve_load import bench_serve, plot_load
+from dspark.data.records import read_jsonl
+from dspark.data.samples import tokenize_records
+from dspark.eval.benchmarks import load_benchmark
+from dspark.eval.report import write_eval_report
+from dspark.eval.runner import EvalConfig, run_eval
+from dspark.formats.build import build_drafter
+from dspark.formats.folder import file_sha256, load_drafter
+from dspark.pipeline.calibrate import calibrate_drafter
 from dspark.pipeline.quickstart.answers import answer, errors_file, mean_tokens, summary_of, training_prompts
 from dspark.pipeline.quickstart.plan import DOMAINS, METHODS, QuickstartPlan
 from dspark.pipeline.quickstart.references import REFERENCES, shipped_references
+from dspark.pipeline.quickstart.report import write_report
+from dspark.pipeline.quickstart.validation import read_samples, score_folders
 from dspark.pipeline.stages import Stages, claim_run_folder
+from dspark.presets import drafters as presets
+from dspark.presets.tiny import tiny_target_dir
+from dspark.targets import TargetAdapter
+from dspark.targets.dtype import inference_dtype
+from dspark.training.fresh import train_new_drafter
+from dspark.training.recipe import train_config
 
 # The layout's top-level names (module docstring): what the run folder claims.
 OUTPUTS = ("data", "train", "drafters", "calibration", "eval", "serve", "stages", "report.md", "summary.json")
@@ -67,9 +83,6 @@ class Quickstart:
         dtype: str = "auto",
         shipped_root: Path | None = None,
     ):
-        from dspark.presets.tiny import tiny_target_dir
-        from dspark.targets import TargetAdapter
-        from dspark.targets.dtype import inference_dtype
 
         self.plan = plan
         self.out = out
@@ -155,12 +168,6 @@ class Quickstart:
         def run() -> dict[str, Any]:
             import dataclasses
 
-            from dspark.data.records import read_jsonl
-            from dspark.data.samples import tokenize_records
-            from dspark.presets import drafters as presets
-            from dspark.training.fresh import train_new_drafter
-            from dspark.training.recipe import train_config
-
             config = dataclasses.replace(getattr(presets, f"{method}_tiny")(), block_size=p.block_size)
             samples = tokenize_records(
                 read_jsonl(self.out / data["answers"]), self.target.tokenizer, max_length=p.max_length
@@ -194,7 +201,6 @@ class Quickstart:
     # -- 3. calibration -----------------------------------------------------------------------
 
     def _builtin(self, skip: int, count: int):
-        from dspark.eval.benchmarks import load_benchmark
 
         benches = []
         for domain in DOMAINS:
@@ -203,7 +209,6 @@ class Quickstart:
         return benches
 
     def _eval_config(self, max_tokens: int, baseline: bool):
-        from dspark.eval.runner import EvalConfig
 
         p = self.plan
         return EvalConfig(
@@ -222,7 +227,6 @@ class Quickstart:
         saved = self.out / "drafters" / CALIBRATED
 
         def run() -> dict[str, Any]:
-            from dspark.pipeline.calibrate import calibrate_drafter
 
             benches = self._builtin(skip=p.eval_prompts, count=p.calib_prompts)
             summary = calibrate_drafter(
@@ -275,11 +279,6 @@ class Quickstart:
         )
 
         def run() -> dict[str, Any]:
-            from dspark.eval.report import write_eval_report
-            from dspark.eval.runner import run_eval
-            from dspark.formats.build import build_drafter
-            from dspark.formats.folder import load_drafter
-            from dspark.pipeline.quickstart.validation import read_samples, score_folders
 
             target = self.decode_target
             folders = {m: self.out / d["drafter"] for m, d in drafters.items()}
@@ -325,8 +324,6 @@ class Quickstart:
         )
 
         def run() -> dict[str, Any]:
-            from dspark.bench.serve_load import bench_serve, plot_load
-            from dspark.formats.folder import load_drafter
 
             drafter = load_drafter(self.out / dspark["drafter"], self.decode_target)
             sets = [[pr.turns[0] for pr in b.prompts] for b in self._builtin(skip=0, count=40)]
@@ -366,7 +363,6 @@ def run_quickstart(
     ``shipped_root`` holds the shipped drafters to compare with (default: the package's).
     ``force`` takes over the layout's names in ``out`` that no quickstart claimed.
     """
-    from dspark.pipeline.quickstart.report import write_report
 
     started = time.perf_counter()
     claim_run_folder(out, OUTPUTS, command="quickstart", force=force)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dspark.errors import DsparkError
+from dspark.formats.shipped import shipped_drafter_dir
 from dspark.formats.shipped_record import ShippedRecord, read_records
 from dspark.pipeline.quickstart.plan import METHODS
 
@@ -37,7 +38,6 @@ def is_reference(drafter: str) -> bool:
 
 def shipped_references(target, root: Path | None = None) -> list[ShippedReference]:
     """The shipped drafters of ``target`` under ``root`` (default: the package's) to evaluate."""
-    from dspark.formats.shipped import shipped_drafter_dir
 
     out = []
     for method in METHODS:

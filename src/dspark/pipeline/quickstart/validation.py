@@ -16,16 +16,19 @@ from pathlib import Path
 
 import torch
 
+from dspark.data.records import read_jsonl
+from dspark.data.samples import collate, tokenize_records
+from dspark.formats.folder import load_drafter
 from dspark.protocols import TrainBatch
+from dspark.training.numerics import flushing_denormals
+from dspark.training.online import check_feature_layers, target_batch
+from dspark.training.run_identity import pad_id
 
 MICRO_BATCH = 4
 
 
 def validation_batches(target, samples: Sequence, *, num_anchors: int, seed: int) -> list[TrainBatch]:
     """Fixed fp32 batches of ``samples`` with the target's features and seeded anchors."""
-    from dspark.data.samples import collate
-    from dspark.training.online import target_batch
-    from dspark.training.run_identity import pad_id
 
     batches = []
     for i in range(0, len(samples), MICRO_BATCH):
@@ -48,8 +51,6 @@ def validation_batches(target, samples: Sequence, *, num_anchors: int, seed: int
 def expected_tau(drafter, target, batches: Sequence[TrainBatch]) -> float:
     """Expected τ of ``drafter`` over ``batches`` (made by :func:`validation_batches` for
     ``target``): positions pooled over all supervised slots."""
-    from dspark.training.numerics import flushing_denormals
-    from dspark.training.online import check_feature_layers
 
     check_feature_layers(target, drafter.target_layer_ids)  # the batches hold this target's layers
     parts = []  # (per-position mean acceptance [K], supervised slots per position [K]) per batch
@@ -64,8 +65,6 @@ def expected_tau(drafter, target, batches: Sequence[TrainBatch]) -> float:
 
 def read_samples(path: Path, target, max_length: int):
     """The tokenized samples of an answers file, as the trainer sees them."""
-    from dspark.data.records import read_jsonl
-    from dspark.data.samples import tokenize_records
 
     return tokenize_records(read_jsonl(path), target.tokenizer, max_length=max_length)
 
@@ -74,7 +73,6 @@ def score_folders(
     target, folders: Mapping[str, Path], samples: Sequence, *, num_anchors: int, seed: int
 ) -> dict[str, float]:
     """Expected τ of each drafter folder on ``samples`` (loaded for ``target``, same blocks for all)."""
-    from dspark.formats.folder import load_drafter
 
     batches = validation_batches(target, samples, num_anchors=num_anchors, seed=seed)
     return {name: expected_tau(load_drafter(f, target), target, batches) for name, f in folders.items()}
