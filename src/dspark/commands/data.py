@@ -276,10 +276,9 @@ def main_cache(args: argparse.Namespace) -> int:
     import torch
 
     from dspark.commands.loading import load_target
-    from dspark.data.cache_build import CacheBuildConfig
     from dspark.data.records import read_jsonl
     from dspark.training import distributed
-    from dspark.training.feature_cache import build_cache
+    from dspark.training.feature_cache import CacheBuildConfig, build_cache
 
     set_threads(args.threads)
     if not args.data.is_file():
