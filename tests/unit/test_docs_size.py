@@ -23,12 +23,8 @@ def test_front_docs_stay_short(name, limit):
     assert lines <= limit, f"{name} has {lines} lines (at most {limit}): move history to docs/notes/"
 
 
-# Written by scripts/import_graph.py --write-docs, whose text holds its prose.
-GENERATED = {ROOT / "docs/architecture.md"}
-
-
 def test_no_markdown_doc_cites_the_old_spec_name():
-    docs = [ROOT / "README.md", BENCHMARKS, *sorted(set((ROOT / "docs").rglob("*.md")) - GENERATED)]
+    docs = [ROOT / "README.md", BENCHMARKS, *sorted((ROOT / "docs").rglob("*.md"))]
     assert not [d.relative_to(ROOT) for d in docs if "SPEC §" in d.read_text()]
 
 
