@@ -245,7 +245,6 @@ def main_train(args: argparse.Namespace) -> int:
     """Train a drafter against a frozen target (one process, or many under torchrun)."""
     import torch
 
-    from dspark.training import distributed
     from dspark.commands.loading import is_tiny, load_target, set_threads, training_records
     from dspark.data.samples import tokenize_records
     from dspark.drafters.draft_vocab import choose_draft_ids, with_draft_vocab
@@ -253,6 +252,7 @@ def main_train(args: argparse.Namespace) -> int:
     from dspark.drafters.target_choices import apply_target_choices
     from dspark.eval.online import online_tau_eval
     from dspark.formats.folder import drafter_config_json, publish_checkpoint
+    from dspark.training import distributed
     from dspark.training.recipe import train_config
     from dspark.training.trainer import train
 
