@@ -21,9 +21,9 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
-from dspark.training import distributed
 from dspark.drafters.dspark import DSparkConfig, DSparkDrafter
 from dspark.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+from dspark.training import distributed
 from dspark.training.checkpoint import load_checkpoint
 from dspark.training.trainer import TrainConfig, train
 from tests.unit.training.toy_drafter import ToyConfig, ToyDrafter, tiny_target, toy_samples

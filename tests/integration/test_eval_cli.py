@@ -19,8 +19,8 @@ from dspark.cli import main
 from dspark.drafters.dflash import DFlashConfig
 from dspark.drafters.dspark import DSparkConfig
 from dspark.drafters.eagle3 import Eagle3Config
-from dspark.formats.folder import load_drafter, save_drafter
 from dspark.drafters.kinds import KINDS
+from dspark.formats.folder import load_drafter, save_drafter
 from dspark.formats.shipped import shipped_drafter_dir
 from dspark.presets.tiny import assets_dir
 from dspark.targets import TargetAdapter
