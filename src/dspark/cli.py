@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from dspark.commands.argtypes import positive_int
 from dspark.commands.options import HelpFormatter, Parser
 from dspark.errors import DsparkError
+from dspark.threads import apply_threads
 
 AddArgs = Callable[[argparse.ArgumentParser], None]
 Main = Callable[[argparse.Namespace], int]
@@ -270,7 +271,6 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from dspark.threads import apply_threads
 
     apply_threads(args.torch_threads)
     from transformers.utils import logging as hf_logging

@@ -12,6 +12,7 @@ import json
 import sys
 
 from dspark.commands.argtypes import positive_int
+from dspark.commands.loading import load_inference_target, load_target
 from dspark.commands.options import add_block_size, add_drafter, add_dtype, add_target
 from dspark.errors import DsparkError
 
@@ -28,7 +29,6 @@ def main_bench_overhead(args: argparse.Namespace) -> int:
     """Cost of DSpark's sequential (Markov/RNN) sampling loop as a share of a round (goal ≤ 1.3%)."""
     from dspark import conditions as run_conditions
     from dspark.bench.overhead import sequential_head_overhead
-    from dspark.commands.loading import load_inference_target
     from dspark.data.chat import prompt_ids
     from dspark.data.prompts import load_prompts
     from dspark.formats.build import build_drafter
@@ -85,7 +85,6 @@ def main_bench_round(args: argparse.Namespace) -> int:
 
     from dspark import conditions as run_conditions
     from dspark.bench.round_cost import round_breakdown
-    from dspark.commands.loading import load_target
     from dspark.data.chat import prompt_ids
     from dspark.data.prompts import load_prompts
     from dspark.formats.build import build_drafter

@@ -11,7 +11,9 @@ import json
 import sys
 
 from dspark.commands.argtypes import int_list, positive_int, prompt_sets
+from dspark.commands.loading import load_inference_target
 from dspark.commands.options import add_block_size, add_drafter, add_dtype, add_force, add_payoff, add_target
+from dspark.output_folders import claim_outputs
 
 
 def add_bench_serve_args(p: argparse.ArgumentParser) -> None:
@@ -60,10 +62,8 @@ def main_bench_serve(args: argparse.Namespace) -> int:
 
     from dspark import conditions as run_conditions
     from dspark.bench.serve_load import bench_serve, plot_load
-    from dspark.commands.loading import load_inference_target
     from dspark.data.prompts import load_prompts
     from dspark.formats.build import build_drafter
-    from dspark.output_folders import claim_outputs
 
     claim = dict(names=_OUTPUTS, command="bench serve", force=args.force)
     claim_outputs(Path(args.out), **claim, write=False)  # before the (long) benchmark

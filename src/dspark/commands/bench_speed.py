@@ -14,6 +14,7 @@ import logging
 import sys
 
 from dspark.commands.argtypes import int_list, non_negative_float, positive_int, prompt_sets
+from dspark.commands.loading import load_inference_target, load_target
 from dspark.commands.options import add_block_size, add_drafters, add_dtype, add_payoff, add_target
 from dspark.errors import DsparkError
 
@@ -67,7 +68,6 @@ def main_bench_decode(args: argparse.Namespace) -> int:
     """Batch-1 greedy tokens/s of HF generate vs our loop with each drafter, as ratios from one run."""
     from dspark import conditions as run_conditions
     from dspark.bench.decode_speed import batch1_engine, bench_decode, verify_cost_ratio
-    from dspark.commands.loading import load_inference_target, load_target
     from dspark.data.prompts import load_prompts
     from dspark.formats.build import build_drafter
 
@@ -183,7 +183,6 @@ def main_bench_matrix(args: argparse.Namespace) -> int:
     """Prompt set x drafter x concurrency -> speedup over plain decoding: payoff control vs static."""
     from dspark import conditions as run_conditions
     from dspark.bench.speed_matrix import PAYOFF, goals, speed_matrix
-    from dspark.commands.loading import load_inference_target
     from dspark.data.chat import prompt_ids
     from dspark.data.prompts import load_prompts
     from dspark.formats.build import build_drafter

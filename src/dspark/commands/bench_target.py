@@ -9,6 +9,7 @@ import argparse
 import json
 
 from dspark.commands.argtypes import positive_int
+from dspark.commands.loading import load_inference_target
 from dspark.commands.options import add_dtype, add_target
 
 
@@ -22,7 +23,6 @@ def add_bench_target_args(p: argparse.ArgumentParser) -> None:
 
 def main_bench_target(args: argparse.Namespace) -> int:
     """How structured the target's greedy answers are on the built-in math/code/chat prompts."""
-    from dspark.commands.loading import load_inference_target
     from dspark.eval.target_report import target_report
 
     target = load_inference_target(args.target, args.dtype)

@@ -10,6 +10,7 @@ import json
 import logging
 from pathlib import Path
 
+from dspark.bench.startup import table, time_startup
 from dspark.commands.argtypes import int_list, positive_int
 from dspark.errors import DsparkError
 
@@ -22,7 +23,6 @@ def add_bench_startup_args(p: argparse.ArgumentParser) -> None:
 def main_bench_startup(args: argparse.Namespace) -> int:
     """Start-up seconds of `dspark --help` and of an argument error, beside the interpreter alone
     and `import torch, transformers`, each a fresh process, interleaved."""
-    from dspark.bench.startup import table, time_startup
 
     result = time_startup(args.src, args.repeats)
     where = args.src or "installed"

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from dspark.commands.argtypes import drafter_specs, int_list, non_negative_float, positive_int, prompt_sets
+from dspark.commands.loading import load_inference_target
 from dspark.commands.options import add_block_size, add_dtype, add_target
 
 
@@ -60,7 +61,6 @@ def add_bench_tree_args(p: argparse.ArgumentParser) -> None:
 def main_bench_tree(args: argparse.Namespace) -> int:
     """τ, drafts verified per round and batch-1 tokens/s of chains and token trees, per drafter."""
     from dspark.bench.tree_compare import batch1_sps, compare, tree_arms
-    from dspark.commands.loading import load_inference_target
     from dspark.data.chat import prompt_ids
     from dspark.data.prompts import load_prompts
     from dspark.eval.plots import plot_sweep_lines

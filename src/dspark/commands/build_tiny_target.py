@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from dspark.commands.argtypes import positive_int
+from dspark.commands.loading import set_threads
 from dspark.commands.options import add_threads
 
 
@@ -31,7 +32,6 @@ def main_build_tiny_target(args: argparse.Namespace) -> int:
     """Rebuild the embedded tiny target: offline corpus, BPE tokenizer, Qwen3 training (DESIGN §11)."""
     import dataclasses
 
-    from dspark.commands.loading import set_threads
     from dspark.presets.tiny import assets_dir
     from dspark.tiny.build import TinyTargetConfig, build_tiny_target
 

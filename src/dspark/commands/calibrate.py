@@ -15,6 +15,7 @@ from dspark.commands.eval import (
     load_eval_target,
     setup_threads,
 )
+from dspark.commands.loading import drafter_folder
 from dspark.commands.options import add_force
 from dspark.drafters.registry import TRAINABLE
 from dspark.errors import DsparkError
@@ -60,7 +61,6 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
 
 
 def _drafter_folder(spec: str, target=None) -> Path:
-    from dspark.commands.loading import drafter_folder
     from dspark.formats.folder import read_config
 
     folder = drafter_folder(spec, target)
@@ -82,7 +82,6 @@ def main_calibrate(args: argparse.Namespace) -> int:
     if args.skip < 0 or args.bins < 1:
         raise DsparkError("--skip must be >= 0 and --bins >= 1")
     config = eval_config(args, baseline=False)
-    from dspark.drafters.registry import TRAINABLE
 
     # A folder is checked before the target loads; a shipped name needs the target to resolve.
     shipped = args.drafter in TRAINABLE

@@ -10,17 +10,17 @@ from pathlib import Path
 
 from dspark.commands.options import add_force, add_no_progress
 from dspark.errors import DsparkError
+from dspark.pipeline.campaign.plan import METHODS, PLANS
+from dspark.user_cache import cache_root
 
 
 def default_root() -> Path:
     """Campaign state lives in the user cache, outside any checkout: ``~/.cache/dspark/campaigns``."""
-    from dspark.user_cache import cache_root
 
     return cache_root() / "campaigns"
 
 
 def add_campaign_args(p: argparse.ArgumentParser) -> None:
-    from dspark.pipeline.campaign.plan import METHODS, PLANS
 
     p.add_argument(
         "--target", default="tiny", choices=sorted(PLANS), help="the target whose drafters to train"
@@ -82,7 +82,6 @@ def main_campaign(args: argparse.Namespace) -> int:
     and 4) from the same feature cache, at the campaign's budget or `--sweep-epochs`.
     """
     from dspark.pipeline.campaign.pipeline import run_campaign
-    from dspark.pipeline.campaign.plan import METHODS, PLANS
     from dspark.pipeline.campaign.sweeps import parse_sweeps
 
     out = args.out or default_root() / args.target

@@ -14,7 +14,7 @@ from pathlib import Path
 from dspark.commands.argtypes import count, size_bytes
 from dspark.commands.argtypes import non_negative_float as _non_negative_float
 from dspark.commands.argtypes import positive_int as _positive_int
-from dspark.commands.loading import set_threads
+from dspark.commands.loading import load_target, set_threads
 from dspark.commands.options import (
     add_drafter,
     add_force,
@@ -24,6 +24,8 @@ from dspark.commands.options import (
     add_template_kwargs,
     add_threads,
 )
+from dspark.data.estimate import estimate_cache, model_dims
+from dspark.data.records import read_jsonl
 from dspark.errors import DsparkError
 from dspark.output_folders import check_not_input, claim_outputs
 
@@ -195,7 +197,6 @@ def main_regenerate(args: argparse.Namespace) -> int:
         )
         concurrency = args.concurrency or 8
     else:
-        from dspark.commands.loading import load_target
         from dspark.data.regenerate import InProcessBackend
         from dspark.formats.build import build_drafter
 
@@ -275,8 +276,6 @@ def main_cache(args: argparse.Namespace) -> int:
     """Build the offline feature cache: target features of every training token, sharded, checksummed."""
     import torch
 
-    from dspark.commands.loading import load_target
-    from dspark.data.records import read_jsonl
     from dspark.training import distributed
     from dspark.training.feature_cache import CacheBuildConfig, build_cache
 
@@ -363,7 +362,6 @@ def add_estimate_args(p: argparse.ArgumentParser) -> None:
 def _count_tokens(target: str, data: Path, max_length: int, template_kwargs: dict) -> int:
     from transformers import AutoTokenizer
 
-    from dspark.data.records import read_jsonl
     from dspark.data.samples import tokenize_records
 
     tokenizer = AutoTokenizer.from_pretrained(target)
@@ -375,7 +373,6 @@ def _count_tokens(target: str, data: Path, max_length: int, template_kwargs: dic
 
 def main_estimate(args: argparse.Namespace) -> int:
     """Bytes per token and total size of a feature cache, from the numbers or a model's config."""
-    from dspark.data.estimate import estimate_cache, model_dims
     from dspark.presets.tiny import resolve_target
     from dspark.targets.adapter import default_layer_ids
 

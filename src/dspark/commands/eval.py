@@ -35,6 +35,7 @@ from dspark.commands.options import (
     add_threads,
 )
 from dspark.errors import DsparkError
+from dspark.output_folders import claim_outputs
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +173,6 @@ def main_eval(args: argparse.Namespace) -> int:
     """Speculative decoding of benchmarks with several drafters: τ, acceptance per position, speedup."""
     from dspark.eval.report import report_files, write_eval_report
     from dspark.eval.runner import run_eval
-    from dspark.output_folders import claim_outputs
 
     setup_threads(args)
     config = eval_config(args, baseline=not args.no_baseline)

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from dspark.commands.argtypes import drafter_spec
+from dspark.commands.loading import drafter_folder
 from dspark.commands.options import add_target
 from dspark.drafters.registry import TRAINABLE
 from dspark.errors import DsparkError
@@ -68,7 +69,6 @@ def export_dtype(fmt: str, dtype: str | None) -> str:
 
 def main_export(args: argparse.Namespace) -> int:
     """Export a drafter for vLLM, SGLang or HF, validated by re-loading it; SERVE.md has the commands."""
-    from dspark.commands.loading import drafter_folder
     from dspark.formats.build import build_drafter
     from dspark.formats.export import DTYPES, SERVE_NAME, export_drafter, read_sps_table
     from dspark.formats.folder import EXPORT_MANIFEST

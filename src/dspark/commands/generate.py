@@ -7,6 +7,7 @@ import json
 import sys
 
 from dspark.commands.argtypes import positive_int
+from dspark.commands.loading import load_inference_target
 from dspark.commands.options import (
     add_block_size,
     add_drafter,
@@ -15,6 +16,7 @@ from dspark.commands.options import (
     add_sampling,
     add_target,
 )
+from dspark.server.textstream import TextStream
 
 
 def add_generate_args(p: argparse.ArgumentParser) -> None:
@@ -43,12 +45,10 @@ def main_generate(args: argparse.Namespace) -> int:
 
     Exits 1 when the engine failed the request (``finish_reason`` "error", also with ``--json``).
     """
-    from dspark.commands.loading import load_inference_target
     from dspark.data.chat import chat_prompt_ids, user_messages
     from dspark.engine import Engine, EngineConfig
     from dspark.formats.build import build_drafter
     from dspark.protocols import SamplingParams
-    from dspark.server.textstream import TextStream
 
     params = SamplingParams(
         temperature=args.temperature,

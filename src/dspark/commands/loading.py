@@ -10,7 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dspark.data.records import read_jsonl
+from dspark.drafters.registry import TRAINABLE
 from dspark.errors import DsparkError
+from dspark.tiny.corpus import training_records as corpus_records
 
 if TYPE_CHECKING:
     from dspark.targets import TargetAdapter
@@ -96,7 +99,6 @@ def load_drafters(specs: dict[str, str], target) -> dict:
 def drafter_folder(spec: str, target=None) -> Path:
     """The folder of a trained drafter: a shipped method's for ``target`` (the tiny target's
     when None), or ``spec`` itself."""
-    from dspark.drafters.registry import TRAINABLE
     from dspark.formats.shipped import shipped_drafter_dir
 
     return shipped_drafter_dir(spec, target) if spec in TRAINABLE else Path(spec).expanduser()
@@ -104,13 +106,10 @@ def drafter_folder(spec: str, target=None) -> Path:
 
 def training_records(specs: list[str], limit: int | None = None) -> list[dict]:
     """The records of ``--data``: JSONL files, or ``tiny-corpus``; the first ``limit``."""
-    from dspark.data.records import read_jsonl
 
     records: list[dict] = []
     for spec in specs:
         if spec == TINY_CORPUS:
-            from dspark.tiny.corpus import training_records as corpus_records
-
             records += corpus_records()
         else:
             if not Path(spec).is_file():

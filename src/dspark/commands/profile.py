@@ -11,7 +11,9 @@ import argparse
 import json
 from pathlib import Path
 
+from dspark.commands.loading import load_inference_target
 from dspark.commands.options import add_block_size, add_dtype, add_force, add_target
+from dspark.output_folders import claim_outputs
 
 
 def add_profile_args(p: argparse.ArgumentParser) -> None:
@@ -31,10 +33,8 @@ def main_profile(args: argparse.Namespace) -> int:
     The thread count (``dspark --threads N profile``) is part of the profile's key: run the
     engine with the same setting to have it load this table.
     """
-    from dspark.commands.loading import load_inference_target
     from dspark.engine.config import DEFAULT_MAX_SEQ_LEN
     from dspark.engine.profile import default_profile_path, profile_sps
-    from dspark.output_folders import claim_outputs
     from dspark.targets.flat import KVStore
 
     def claim(write: bool) -> None:  # a file the user names; the default cache path is dspark's own

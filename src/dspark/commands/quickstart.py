@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from dspark.commands.options import add_dtype, add_force, add_no_progress
+from dspark.errors import DsparkError
 
 
 def add_quickstart_args(p: argparse.ArgumentParser) -> None:
@@ -51,7 +52,6 @@ def main_quickstart(args: argparse.Namespace) -> int:
     from their learning curves how many more steps the trained ones would need to reach
     them. No network, no GPU.
     """
-    from dspark.errors import DsparkError
     from dspark.pipeline.quickstart import FAST, FULL, run_quickstart
     from dspark.pipeline.quickstart.report import headline_lines
 

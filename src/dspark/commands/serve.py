@@ -14,8 +14,10 @@ import socket
 import sys
 
 from dspark.commands.argtypes import non_negative_float, positive_int, tcp_port
+from dspark.commands.loading import load_inference_target
 from dspark.commands.options import add_block_size, add_drafter, add_dtype, add_payoff, add_target
 from dspark.errors import DsparkError
+from dspark.server.identity import resolve_api_key, served_model_name
 
 logger = logging.getLogger(__name__)
 
@@ -102,12 +104,10 @@ def main_serve(args: argparse.Namespace) -> int:
     GET /v1/models, GET /health (503 when the engine is dead or draining), GET /metrics
     (Prometheus), GET /openapi.json.
     """
-    from dspark.commands.loading import load_inference_target
     from dspark.engine import Engine, EngineConfig
     from dspark.engine.worker import EngineWorker
     from dspark.formats.build import build_drafter
     from dspark.server.app import create_app
-    from dspark.server.identity import resolve_api_key, served_model_name
     from dspark.server.uvicorn_runner import serve
 
     if args.max_queue < 0:

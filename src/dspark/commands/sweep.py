@@ -22,6 +22,7 @@ from dspark.commands.eval import (
 from dspark.commands.loading import TINY_CORPUS, training_records
 from dspark.commands.options import add_force
 from dspark.errors import DsparkError
+from dspark.output_folders import claim_outputs
 
 
 def _add_sweep_common(p: argparse.ArgumentParser) -> None:
@@ -73,7 +74,6 @@ def add_sweep_depth_args(p: argparse.ArgumentParser) -> None:
 
 def _run_sweep_command(args: argparse.Namespace, kind: str, variants_of) -> int:
     from dspark.data.samples import tokenize_records
-    from dspark.output_folders import claim_outputs
     from dspark.pipeline.sweeps import OUTPUTS, SweepTraining, run_sweep, write_sweep_report
 
     setup_threads(args)

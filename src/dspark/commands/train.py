@@ -13,10 +13,12 @@ import logging
 from pathlib import Path
 
 from dspark.commands.argtypes import non_negative_int, positive_float, positive_int
-from dspark.commands.loading import TINY_CORPUS
+from dspark.commands.loading import TINY_CORPUS, is_tiny, load_target, set_threads, training_records
 from dspark.commands.options import add_force, add_target, add_template_kwargs, add_threads
+from dspark.drafters.kinds import KINDS, kind_of_config
 from dspark.drafters.registry import MASK_TOKEN_METHODS, TRAINABLE
 from dspark.errors import DsparkError
+from dspark.output_folders import claim_outputs
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +168,6 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
 
 
 def _drafter_config(method: str, preset: str | None, tiny: bool):
-    from dspark.drafters.kinds import KINDS, kind_of_config
     from dspark.presets import drafters as presets
 
     name = preset or (f"{method}_tiny" if tiny else None)
@@ -234,7 +235,6 @@ def _run_folder(out: Path, force: bool, *, write: bool) -> str | None:
     the claim. The drafter folder is checked too: it is replaced at the end, after training.
     """
     from dspark.formats.folder import drafter_folder_check
-    from dspark.output_folders import claim_outputs
 
     run = claim_outputs(out, RUN_FILES, command="train", force=force, write=write)
     drafter_folder_check(out / "drafter", run=run, force=force)
@@ -245,10 +245,8 @@ def main_train(args: argparse.Namespace) -> int:
     """Train a drafter against a frozen target (one process, or many under torchrun)."""
     import torch
 
-    from dspark.commands.loading import is_tiny, load_target, set_threads, training_records
     from dspark.data.samples import tokenize_records
     from dspark.drafters.draft_vocab import choose_draft_ids, with_draft_vocab
-    from dspark.drafters.kinds import KINDS
     from dspark.drafters.target_choices import apply_target_choices
     from dspark.eval.online import online_tau_eval
     from dspark.formats.folder import drafter_config_json, publish_checkpoint
