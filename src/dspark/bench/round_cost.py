@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from dspark.bench.overhead import median_time
+from dspark.drafters.dspark import DSparkConfig, DSparkDrafter
 from dspark.drafters.request_state import sample_tokens
 from dspark.engine import Engine, EngineConfig
 from dspark.heads import scale_confidence_logits
@@ -186,3 +187,11 @@ def round_breakdown(
         engine_bookkeeping_s=(s.step_s - s.forward_s - s.draft_s - s.update_s) / steps,
         engine_tokens_per_s=s.emitted / seconds if seconds else 0.0,
     )
+
+
+def untrained_dspark(target, block_size: int):
+    """A seeded random-init DSpark drafter for ``target``, shaped as the shipped tiny one."""
+    torch.manual_seed(0)
+    mask = target.tokenizer.pad_token_id if target.tokenizer is not None else None
+    config = DSparkConfig(num_layers=2, block_size=block_size, markov_rank=64, mask_token_id=mask or 0)
+    return DSparkDrafter.from_target(target, config).eval()

@@ -84,7 +84,7 @@ def main_bench_round(args: argparse.Namespace) -> int:
     import torch
 
     from dspark import conditions as run_conditions
-    from dspark.bench.round_cost import round_breakdown
+    from dspark.bench.round_cost import round_breakdown, untrained_dspark
     from dspark.data.chat import prompt_ids
     from dspark.data.prompts import load_prompts
     from dspark.formats.build import build_drafter
@@ -142,15 +142,3 @@ def main_bench_round(args: argparse.Namespace) -> int:
     if conditions.warning():
         print(f"warning: {conditions.warning()}", file=sys.stderr)
     return 0
-
-
-def untrained_dspark(target, block_size: int):
-    """A seeded random-init DSpark drafter for ``target``, shaped as the shipped tiny one."""
-    import torch
-
-    from dspark.drafters.dspark import DSparkConfig, DSparkDrafter
-
-    torch.manual_seed(0)
-    mask = target.tokenizer.pad_token_id if target.tokenizer is not None else None
-    config = DSparkConfig(num_layers=2, block_size=block_size, markov_rank=64, mask_token_id=mask or 0)
-    return DSparkDrafter.from_target(target, config).eval()
