@@ -1,4 +1,4 @@
-"""Shared test fixtures: tiny random-init targets of each first-class family (SPEC §1).
+"""Shared test fixtures: tiny random-init targets of each first-class family (DESIGN §1).
 
 Every model here is fp32, seeded, a few hundred KB, and builds in milliseconds, so a
 test can afford a fresh one. Weights use a larger init range than HF's default (0.02)
@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-# No test may touch the network (SPEC §11: everything runs offline). Set before any
+# No test may touch the network (DESIGN §11: everything runs offline). Set before any
 # transformers / huggingface_hub import reads it.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"

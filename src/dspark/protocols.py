@@ -1,6 +1,6 @@
-"""The small contracts that the parts of dspark meet at (SPEC §5).
+"""The small contracts that the parts of dspark meet at (DESIGN §5).
 
-Dimension letters (SPEC §2): R requests, K draft positions, V vocab, T sequence,
+Dimension letters (DESIGN §2): R requests, K draft positions, V vocab, T sequence,
 H hidden, L target feature layers.
 
 A *drafter* proposes up to ``max_len`` tokens for each request from that request's
@@ -24,7 +24,7 @@ class SequenceState:
     """Everything known about one request between two rounds.
 
     ``token_ids`` holds the prompt and every emitted token; its last element is the
-    anchor (SPEC §2) of the next round. ``features`` holds the target's fused-layer
+    anchor (DESIGN §2) of the next round. ``features`` holds the target's fused-layer
     features for every token except the anchor (the anchor was just sampled and has
     not been through the target yet).
     """
@@ -47,7 +47,7 @@ class DraftBlock:
 
     ``tokens[r, :lengths[r]]`` are request r's drafts; the rest is padding (0).
     ``probs[r, k]`` is the full draft distribution the token at k was sampled from
-    (after the same temperature/top-k/top-p processing as the target, SPEC §3).
+    (after the same temperature/top-k/top-p processing as the target, DESIGN §3).
     ``probs`` is None when every draft is one-hot at its token (a deterministic proposer
     such as n-gram lookup, or a drafter whose requests are all greedy): verification and the
     confidence estimator need only the tokens then, and ``R·K·V`` floats a round (25 MB at
@@ -102,7 +102,7 @@ class DraftBlock:
 
 @dataclass(frozen=True, kw_only=True)
 class SamplingParams:
-    """Per-request sampling parameters (SPEC §10). ``temperature == 0`` means greedy."""
+    """Per-request sampling parameters (DESIGN §10). ``temperature == 0`` means greedy."""
 
     temperature: float = 1.0
     top_k: int = 0  # 0 = off
@@ -127,7 +127,7 @@ class SamplingParams:
 
 
 def acceptance_length(accepted: float, rounds: float) -> float:
-    """τ (SPEC §2), the one definition: tokens emitted per round, bonus included, i.e.
+    """τ (DESIGN §2), the one definition: tokens emitted per round, bonus included, i.e.
     ``(accepted drafts + rounds) / rounds`` — each round emits its accepted drafts plus one
     recovered or bonus token; 0.0 for no rounds."""
     return (accepted + rounds) / rounds if rounds else 0.0
@@ -210,7 +210,7 @@ def drafter_traits(drafter: Drafter) -> DrafterTraits:
 
 @runtime_checkable
 class TrainableDrafter(Drafter, Protocol):
-    """A drafter the trainer can train (SPEC §6): built for a target from a frozen config,
+    """A drafter the trainer can train (DESIGN §6): built for a target from a frozen config,
     it predicts blocks from a :class:`TrainBatch` and scores them with its own objective.
 
     ``config`` is the frozen config dataclass that :mod:`dspark.drafters.kinds` writes to
@@ -236,7 +236,7 @@ class TrainableDrafter(Drafter, Protocol):
 
 @dataclass
 class RoundLog:
-    """One speculative round of one request, as the metrics of SPEC §2 count it."""
+    """One speculative round of one request, as the metrics of DESIGN §2 count it."""
 
     proposed: int  # drafts proposed (verified) this round
     accepted: int  # drafts accepted
@@ -256,7 +256,7 @@ class GenerationResult:
 
     @property
     def tau(self) -> float:
-        """Acceptance length τ: tokens emitted per round, bonus included (SPEC §2)."""
+        """Acceptance length τ: tokens emitted per round, bonus included (DESIGN §2)."""
         return acceptance_length(sum(r.accepted for r in self.rounds), len(self.rounds))
 
     @property
@@ -266,24 +266,24 @@ class GenerationResult:
 
 @dataclass
 class TrainBatch:
-    """One training batch with the frozen target's outputs already computed (SPEC §6).
+    """One training batch with the frozen target's outputs already computed (DESIGN §6).
 
     ``features`` are the raw outputs of the drafter's ``target_layer_ids``;
     ``target_hidden`` is the target's final-normed last hidden state, from which the
     target distribution at any position is ``lm_head(target_hidden)`` (V-sized logits
-    are never cached, SPEC §7). ``loss_mask`` marks response (assistant) tokens.
+    are never cached, DESIGN §7). ``loss_mask`` marks response (assistant) tokens.
     """
 
     input_ids: torch.Tensor  # [B, T] long
     loss_mask: torch.Tensor  # [B, T] bool
     features: torch.Tensor  # [B, T, L, H]
     target_hidden: torch.Tensor  # [B, T, H]
-    anchors: torch.Tensor | None = None  # [B, A] long anchor positions, -1 = padding (SPEC §6)
+    anchors: torch.Tensor | None = None  # [B, A] long anchor positions, -1 = padding (DESIGN §6)
 
 
 @dataclass(frozen=True)
 class SlotFactors:
-    """The draft and target logits of every slot as the factors they are made of (SPEC §6).
+    """The draft and target logits of every slot as the factors they are made of (DESIGN §6).
 
     ``draft[s] = softcap(hidden[s] · headᵀ + low_rank_u[s] · low_rank_wᵀ)`` and
     ``target[s] = softcap(target_rows[target_index[s]] · headᵀ)``. A loss can then work
@@ -299,7 +299,7 @@ class SlotFactors:
     softcap: float | None = None  # the family's final logit softcapping (Gemma2)
     low_rank_u: torch.Tensor | None = None  # [B, A, K, r] the sequential head's factor (DSpark)
     low_rank_w: torch.Tensor | None = None  # [V, r] W_2ᵀ ([N, r] with a reduced draft vocabulary)
-    # A reduced draft vocabulary (issue 16): ``head`` is then ``[N, H]``, the target's rows of
+    # A reduced draft vocabulary: ``head`` is then ``[N, H]``, the target's rows of
     # ``draft_ids [N]``, and ``target_head [V, H]`` the target's full head (None: ``head``).
     draft_ids: torch.Tensor | None = None
     target_head: torch.Tensor | None = None
@@ -325,7 +325,7 @@ class TrainOutput:
 
     ``logits[b, a, k]`` is the drafter's prediction of ``labels[b, a, k]``;
     ``target_logits`` is the target's prediction at the same position; ``valid`` marks
-    the contiguous supervised prefix of each block (SPEC §6). A drafter gives either the
+    the contiguous supervised prefix of each block (DESIGN §6). A drafter gives either the
     dense logits or their :class:`SlotFactors` (then ``logits`` / ``target_logits``
     materialize on first access, and the loss never needs them whole).
     """

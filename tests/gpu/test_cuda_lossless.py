@@ -1,4 +1,4 @@
-"""Losslessness and training on CUDA (SPEC §3, §6; issue 14): run by the prepared device run
+"""Losslessness and training on CUDA (DESIGN §3, §6; issue 14): run by the prepared device run
 (``scripts/device/``).
 
 Skipped without a CUDA device. A bf16 verification forward of k tokens and a one-token

@@ -1,4 +1,4 @@
-"""Two real gloo processes give the same training result as one (SPEC §6).
+"""Two real gloo processes give the same training result as one (DESIGN §6).
 
 The processes are spawned with the environment torchrun would give them (RANK,
 WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, a free MASTER_PORT) and join through

@@ -1,4 +1,4 @@
-"""The offline feature cache against the online path it replaces (SPEC §7.3)."""
+"""The offline feature cache against the online path it replaces (DESIGN §7.3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Regeneration against a real OpenAI-compatible HTTP server on loopback (SPEC §7.2).
+"""Regeneration against a real OpenAI-compatible HTTP server on loopback (DESIGN §7.2).
 
 Until ``dspark serve`` exists, the server is the small FastAPI app below: it serves a
 tiny random Qwen3 (``/v1/models``, ``/v1/chat/completions``) through the target's chat

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible server over real HTTP on loopback: outputs, streaming, errors, metrics (SPEC §10)."""
+"""The OpenAI-compatible server over real HTTP on loopback: outputs, streams, errors, metrics (DESIGN §10)."""
 
 from __future__ import annotations
 

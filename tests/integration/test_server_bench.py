@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dspark.drafters.ngram import NgramDrafter
 from dspark.bench.serve_load import PLAIN, bench_serve, plot_load
+from dspark.drafters.ngram import NgramDrafter
 from dspark.targets import TargetAdapter
 
 from .server_harness import SPS

@@ -45,7 +45,7 @@ class MethodStats:
 
     @property
     def tau(self) -> float:
-        """Tokens per round, bonus included (SPEC §2); 0 for HF generate (no rounds)."""
+        """Tokens per round, bonus included (DESIGN §2); 0 for HF generate (no rounds)."""
         return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
 
 

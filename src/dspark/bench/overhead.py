@@ -1,4 +1,4 @@
-"""What DSpark's sequential head costs in a round (SPEC §5.3; paper Fig. 4 right: ≤ 1.3%).
+"""What DSpark's sequential head costs in a round (DESIGN §5.3; paper Fig. 4 right: ≤ 1.3%).
 
 A round = drafter backbone forward → draft sampling → target verification forward.
 DFlash samples its K positions in parallel; DSpark samples them left to right, each

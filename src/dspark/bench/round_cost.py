@@ -1,12 +1,12 @@
 """Where a batch-1 round's time goes: target, drafter backbone, sequential loop, sampling, bookkeeping.
 
-``dspark bench round`` (issue 17). Two measurements, both greedy at batch 1:
+``dspark bench round``. Two measurements, both greedy at batch 1:
 
 * a micro-timing on one real state after its prompt's prefill: the target's 1-token
   decode step and its (k+1)-token verification forward, the target-side sampling
   (processing the verification logits and :func:`~dspark.sampling.rejection.verify`),
   the drafter's backbone (context sync, draft layers, LM head) and its sequential loop —
-  today's and :func:`per_step_loop`, the loop as it was before issue 17, timed side by
+  today's and :func:`per_step_loop`, the loop as it was before it was vectorised, timed side by
   side in the same process;
 * whole batch-1 engine decodes of the prompts, whose :class:`~dspark.engine.EngineStats`
   split each step into the target forward, ``propose``, ``update`` (the drafter absorbing
@@ -37,7 +37,7 @@ GREEDY = SamplingParams(temperature=0.0)
 
 
 def per_step_loop(drafter, h, base, prev, sampling: list[SamplingParams], generators):
-    """DSpark's sequential loop before issue 17 (the reference of the speed-up and of its test).
+    """DSpark's sequential loop before it was vectorised (the reference of the speed-up and of its test).
 
     Given the backbone's ``h [R, K, H]``, base logits ``[R, K, V]`` and anchors ``[R]``,
     every step processes ``U_k + B_k`` through ``batch_probs``, draws with ``sample_tokens``
@@ -76,7 +76,7 @@ class RoundBreakdown:
     sampling_s: float  # target-side: logits → probs, verification
     backbone_s: float  # drafter: context sync + draft layers + LM head
     loop_s: float  # drafter: today's sequential loop (greedy)
-    loop_before_s: float  # drafter: the per-step loop before issue 17
+    loop_before_s: float  # drafter: the per-step loop before it was vectorised
     propose_s: float  # drafter.propose as a whole
     engine_steps: int
     engine_forward_s: float  # per engine step

@@ -1,4 +1,4 @@
-"""The speedup matrix: prompt set x drafter x concurrency -> tokens/s over plain decoding (issue 17).
+"""The speedup matrix: prompt set x drafter x concurrency -> tokens/s over plain decoding.
 
 For every prompt set and concurrency c, the same ``max(c, requests)`` greedy requests are
 decoded as one continuous batch of c KV slots by plain decoding, then by every drafter
@@ -16,8 +16,8 @@ so a drift of the machine's load between runs weighs on the baseline and the met
 Each repeat ends with plain decoding once more (the *control*): the baseline is both runs
 together, symmetric around the methods, and their disagreement is an A/A test. On a
 shared machine the same computation's speed moves by several percent between runs
-(a 2-vCPU VM: ±13 % between two halves of one plain-vs-plain comparison at 64 requests,
-issue 17), so a cell's ratio is only known to within about its pair's ``noise``, and
+(a 2-vCPU VM: ±13 % between two halves of one plain-vs-plain comparison at 64 requests),
+so a cell's ratio is only known to within about its pair's ``noise``, and
 :func:`goals` says which cells miss the floor by more than that.
 """
 
@@ -57,7 +57,7 @@ class Cell:
     noise: float = 0.0
     # the standard error of the speedup over the repeats (each repeat's method against its own
     # plain and control runs; 0 with one repeat): how far the runs of this very method scatter,
-    # which the A/A test of plain decoding does not see (issue 17, stop 32: A/A 0.2 % where two
+    # which the A/A test of plain decoding does not see (A/A 0.2 % where two
     # processes read one cell 0.91× and 0.95×)
     spread: float = 0.0
     repeats: int = 1  # the repeats behind ``spread``
@@ -195,7 +195,7 @@ def repeats_to_decide(cell: Cell, floor: float) -> int | None:
     ``⌈(2·sd / |floor − speedup|)²⌉``. None without a scatter (one repeat) or on the floor.
 
     On a 2-vCPU VM one repeat's speedup scatters by 0.06–0.11, so a cell 3 % from the floor
-    takes about 20 repeats where 3 leave it undecided (BENCHMARKS.md, issue 17 at its close)."""
+    takes about 20 repeats where 3 leave it undecided (BENCHMARKS.md)."""
     gap = abs(floor - cell.speedup)
     if cell.spread <= 0 or cell.repeats < 2 or gap == 0:
         return None

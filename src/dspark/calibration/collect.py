@@ -1,4 +1,4 @@
-"""Real speculative rounds with the drafter's confidences: what calibration learns from (SPEC §8).
+"""Real speculative rounds with the drafter's confidences: what calibration learns from (DESIGN §8).
 
 :class:`RoundRecorder` is the decoding loop's ``on_round`` hook: per round it keeps the
 confidences ``c_1..c_K`` of the verified drafts and how many were accepted.

@@ -1,4 +1,4 @@
-"""Calibration and discrimination metrics of probability scores against 0/1 events (SPEC §8).
+"""Calibration and discrimination metrics of probability scores against 0/1 events (DESIGN §8).
 
 Pure functions over numpy arrays ``pred [N]`` in [0, 1] and ``label [N]`` in {0, 1}:
 

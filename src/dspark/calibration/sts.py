@@ -1,4 +1,4 @@
-"""Sequential Temperature Scaling (STS, paper §3.2.1, SPEC §8).
+"""Sequential Temperature Scaling (STS, paper §3.2.1, DESIGN §8).
 
 Each confidence ``c_k`` estimates a *conditional* acceptance, so by the chain rule the
 probability that the first k drafts all survive is the product ``a_k = Π_{i≤k} c_i``,

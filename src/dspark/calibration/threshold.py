@@ -1,7 +1,7 @@
-"""Static confidence-threshold sweep (paper §4.3.3, Fig. 5; SPEC §12).
+"""Static confidence-threshold sweep (paper §4.3.3, Fig. 5; DESIGN §12).
 
 For a threshold t, a round verifies the drafts before the first ``c_k < t`` (the
-``threshold:t`` policy, SPEC §9): ``ℓ = #leading positions with c_k ≥ t``. The sweep
+``threshold:t`` policy, DESIGN §9): ``ℓ = #leading positions with c_k ≥ t``. The sweep
 replays rounds that were verified in full: since whether draft k survives depends only
 on drafts 1..k, verifying the first ℓ of them would have accepted ``min(accepted, ℓ)``,
 so the replay is exact per round.

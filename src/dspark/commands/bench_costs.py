@@ -80,7 +80,7 @@ def add_bench_round_args(p: argparse.ArgumentParser) -> None:
 
 def main_bench_round(args: argparse.Namespace) -> int:
     """Where a greedy batch-1 round's time goes (bench/round_cost.py), per dtype; the sequential
-    loop before issue 17 is timed beside today's."""
+    loop before it was vectorised is timed beside today's."""
     import torch
 
     from dspark import conditions as run_conditions
@@ -126,7 +126,7 @@ def main_bench_round(args: argparse.Namespace) -> int:
             ("verify_s", "target verify (1 + γ tokens)"),
             ("sampling_s", "target-side sampling + verification"),
             ("backbone_s", "drafter backbone (layers + LM head)"),
-            ("loop_before_s", "DSpark loop, before issue 17"),
+            ("loop_before_s", "DSpark loop, before it was vectorised"),
             ("loop_s", "DSpark loop, now"),
             ("propose_s", "propose, now"),
             ("engine_forward_s", "engine step: target forward"),

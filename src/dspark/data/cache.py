@@ -1,4 +1,4 @@
-"""The offline feature cache: format, validation, memory-mapped reads (SPEC §7.3).
+"""The offline feature cache: format, validation, memory-mapped reads (DESIGN §7.3).
 
 A cache is a folder::
 

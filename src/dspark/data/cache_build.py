@@ -1,4 +1,4 @@
-"""Building the offline feature cache, on one process or many under torchrun (SPEC §7.3).
+"""Building the offline feature cache, on one process or many under torchrun (DESIGN §7.3).
 
 Every rank tokenizes all records the way training does
 (:func:`dspark.data.samples.tokenize_records`: same chat template, kwargs, loss mask,

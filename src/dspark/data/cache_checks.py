@@ -1,4 +1,4 @@
-"""Where a feature cache's manifest and index may point (issue 15: artifact paths stay inside).
+"""Where a feature cache's manifest and index may point (artifact paths stay inside).
 
 A cache is read through names and offsets its own files hold, so a damaged or hostile
 manifest could name a file outside the folder (``/etc/passwd``, ``../other/shard``) and

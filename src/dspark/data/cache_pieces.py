@@ -85,7 +85,7 @@ def build_cache_in_pieces(
         # One process at a time looks at build.json and then joins the writers, so every
         # other writer has already passed this check: one that is there builds these inputs,
         # or another build that must not be cleared under it. (Checked outside this lock, a
-        # second process could read build.json before the first had written it: CI, stop 31.)
+        # second process could read build.json before the first had written it.)
         with _held(root / "setup.lock"):
             lock = stack.enter_context(WriterLock(pieces, "a cache build of other records", shared=True))
             if _read_json(pieces / "build.json") != json.loads(json.dumps(identity)):

@@ -1,7 +1,7 @@
 """Chat prompts as token ids: the one place a conversation becomes the ids a target answers.
 
 One convention everywhere (the server, eval, training's online evaluation, regeneration
-and the CLI): render with the tokenizer's own chat template (SPEC §7.4) to text, then
+and the CLI): render with the tokenizer's own chat template (DESIGN §7.4) to text, then
 tokenize that text without added special tokens — exactly how training renders and
 tokenizes whole conversations (:mod:`dspark.data.samples`), so the prompt the target
 answered is a prefix of the sample the drafter is trained on.

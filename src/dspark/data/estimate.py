@@ -1,4 +1,4 @@
-"""Size of the offline feature cache, before it is built (SPEC §7.3).
+"""Size of the offline feature cache, before it is built (DESIGN §7.3).
 
 Per token the cache holds the raw outputs of the ``m`` feature layers and the
 final-normed last hidden state (``m + 1`` vectors of ``H`` values), the token id

@@ -1,4 +1,4 @@
-"""Regeneration over any OpenAI-compatible server: vLLM, SGLang, ``dspark serve`` (SPEC §7.2).
+"""Regeneration over any OpenAI-compatible server: vLLM, SGLang, ``dspark serve`` (DESIGN §7.2).
 
 ``POST {base_url}/v1/chat/completions`` per chat turn. The server applies the target's
 chat template; ``template_kwargs`` travel as ``chat_template_kwargs``, which vLLM and

@@ -1,4 +1,4 @@
-"""Prompt sets: built-in, local JSONL or a Hugging Face dataset; dedup, domains, split (SPEC §7.1).
+"""Prompt sets: built-in, local JSONL or a Hugging Face dataset; dedup, domains, split (DESIGN §7.1).
 
 A set is named by a *spec*:
 

@@ -1,4 +1,4 @@
-"""Append-only JSONL files that survive being killed at any moment (SPEC §7.2).
+"""Append-only JSONL files that survive being killed at any moment (DESIGN §7.2).
 
 Each record is one line written by a single ``write(2)`` on a file opened with
 ``O_APPEND``, so concurrent writers never interleave and a killed process leaves at

@@ -1,14 +1,14 @@
-"""Regeneration: the target answers every prompt, turn by turn (SPEC §7.2).
+"""Regeneration: the target answers every prompt, turn by turn (DESIGN §7.2).
 
 A drafter learns the distribution of the target, so its training answers should be the
 target's own. Each prompt is replayed turn by turn: turn ``t`` is asked with the
 target's previous answers in the history, through the tokenizer's chat template with the
 same template kwargs (``enable_thinking=False``, ...) and system message that training
-and evaluation use (SPEC §7.4).
+and evaluation use (DESIGN §7.4).
 
 The answering is done by an :class:`AnswerBackend`: one async call per chat turn. That
 one contract covers the in-process target (:class:`InProcessBackend`: the batched
-engine of SPEC §10, batching whatever calls are in flight), and any OpenAI-compatible
+engine of DESIGN §10, batching whatever calls are in flight), and any OpenAI-compatible
 server (:mod:`dspark.data.http_backend`, e.g. ``dspark serve``).
 
 Output: one JSONL record per prompt (the shape :mod:`dspark.data.samples` reads),
@@ -91,7 +91,7 @@ class AnswerBackend(Protocol):
 
 
 class InProcessBackend:
-    """The target itself, in this process, through the batched engine (SPEC §10).
+    """The target itself, in this process, through the batched engine (DESIGN §10).
 
     Turns in flight at once (up to ``max_batch``, the engine's KV slots) are decoded
     together: an :class:`~dspark.engine.worker.EngineWorker` steps the engine on its own

@@ -1,13 +1,13 @@
-"""Training records → token ids + loss mask, and the order they are trained in (SPEC §6, §7).
+"""Training records → token ids + loss mask, and the order they are trained in (DESIGN §6, §7).
 
-A record is one conversation, in either JSONL shape of SPEC §7:
+A record is one conversation, in either JSONL shape of DESIGN §7:
 
 - ``{"conversations": [{"role": ..., "content": ...}, ...]}`` (ShareGPT's
   ``{"from": "human"|"gpt", "value": ...}`` is accepted too), or
 - ``{"turns": [user, ...], "answers": [assistant, ...]}`` (``"responses"`` also), the
   regenerated form; an optional ``"system"`` string becomes the system message.
 
-It is rendered with the tokenizer's own chat template (SPEC §7.4) and the loss mask
+It is rendered with the tokenizer's own chat template (DESIGN §7.4) and the loss mask
 covers the assistant content through its end-of-turn token: the tokens the target
 emitted, which are the only ones a drafter is ever asked to propose.
 

@@ -1,10 +1,10 @@
-"""Batch-1 speculative decoding: prefill → (draft → verify → commit/rollback)* (SPEC §3).
+"""Batch-1 speculative decoding: prefill → (draft → verify → commit/rollback)* (DESIGN §3).
 
 A handful of small functions in the spirit of gpt-fast's ``generate.py``. This is the
 *reference loop*, a test oracle: the whole algorithm for one request on the adapter's
 own KV cache, which the engine's greedy output and rounds are tested against. Every
 product path (``generate``, ``serve``, ``eval``, ``calibrate``, ``train``'s online τ,
-regeneration) decodes through the batched engine (SPEC §10), the one step loop; the
+regeneration) decodes through the batched engine (DESIGN §10), the one step loop; the
 loop here remains the "loop" baseline column of ``bench decode`` and the plain decoding
 of ``bench target``.
 

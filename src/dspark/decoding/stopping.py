@@ -1,4 +1,4 @@
-"""Where a round's emitted tokens must be cut: EOS, ``max_tokens``, stop strings (SPEC §3).
+"""Where a round's emitted tokens must be cut: EOS, ``max_tokens``, stop strings (DESIGN §3).
 
 A verification round can emit several tokens at once; the cut must land exactly where
 plain decoding would have stopped, even inside an accepted block.

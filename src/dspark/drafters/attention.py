@@ -1,7 +1,7 @@
 """Attention for the draft layers: RoPE, masked SDPA, and the packed-block attention of training.
 
 :func:`attend` is SDPA with grouped KV heads and an explicit boolean mask (inference and
-Eagle3). :func:`attend_packed_blocks` is training's attention over packed blocks (SPEC §6):
+Eagle3). :func:`attend_packed_blocks` is training's attention over packed blocks (DESIGN §6):
 each block scores only its own batch row's context and its own slots.
 """
 
@@ -48,7 +48,7 @@ class PackedBlockMask:
     """Who sees what when N blocks of K slots are packed into one sequence of N*K queries.
 
     ``context [B, N, C]`` bool: block n sees context entry c. Inside its block a slot sees
-    every slot (bidirectional, SPEC §5.1); it never sees another block. ``spans`` (from
+    every slot (bidirectional, DESIGN §5.1); it never sees another block. ``spans`` (from
     :meth:`~dspark.drafters.blocks.PackedBlocks.row_spans`) lists ``(n0, n1, c0, c1)``:
     blocks ``n0:n1`` can only see context ``c0:c1`` (their batch row), so the scores
     outside those rectangles are never computed. ``prefix`` holds keys/values of earlier

@@ -1,4 +1,4 @@
-"""The DFlash backbone: the parallel block network with KV injection (SPEC §5.1; paper §2, Eqs. 2-3).
+"""The DFlash backbone: the parallel block network with KV injection (DESIGN §5.1; paper §2, Eqs. 2-3).
 
 One forward drafts a whole block. The block input is the anchor's embedding in slot 0
 and the mask token's in slots 1..γ-1; slot j sits at position ``anchor_pos + j`` and
@@ -49,7 +49,7 @@ def _train_layer(layer, h, h_ctx, cos_c, sin_c, cos_q, sin_q, mask) -> Tensor:
 
 
 class DFlashBackbone(nn.Module):
-    """The parallel block network; attribute names give the DeepSpec keys (SPEC §5.4).
+    """The parallel block network; attribute names give the DeepSpec keys (DESIGN §5.4).
 
     ``embed_tokens``/``lm_head`` are frozen copies of the target's; ``fc`` + ``hidden_norm``
     fuse the target features (Eq. 2); ``layers`` are KV-injection decoder layers (Eq. 3).
@@ -123,7 +123,7 @@ class DFlashBackbone(nn.Module):
     # -- training ----------------------------------------------------------------------------
 
     def block_hidden_train(self, batch: TrainBatch, blocks: PackedBlocks) -> Tensor:
-        """Final-normed hidden states ``[N, K, H]`` of the batch's real blocks, in one forward (SPEC §6).
+        """Final-normed hidden states ``[N, K, H]`` of the batch's real blocks, in one forward (DESIGN §6).
 
         Every row's blocks and visible context are packed into one sequence (padding
         anchors and never-visible context dropped); each block attends to the context
@@ -154,7 +154,7 @@ class DFlashBackbone(nn.Module):
         blocks: PackedBlocks,
         low_rank: tuple[Tensor, Tensor] | None = None,
     ) -> SlotFactors:
-        """The draft and target logits of the packed slots ``[1, N, K]``, as factors (SPEC §6)."""
+        """The draft and target logits of the packed slots ``[1, N, K]``, as factors (DESIGN §6)."""
         softcap = self.dims.logit_softcap
         return slot_factors(
             self.lm_head,

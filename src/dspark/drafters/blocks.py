@@ -1,8 +1,8 @@
-"""Training blocks: anchor sampling, block layout and attention masks (SPEC §6).
+"""Training blocks: anchor sampling, block layout and attention masks (DESIGN §6).
 
 A training sequence of T tokens yields A *blocks*, one per sampled anchor position
 ``a``. Slot ``k`` of a block (``k = 0..K-1``) sits at position ``a + k`` and predicts the
-token at ``a + k + 1``, so slot 0 holds the anchor itself (SPEC §5.1). Many blocks of
+token at ``a + k + 1``, so slot 0 holds the anchor itself (DESIGN §5.1). Many blocks of
 many sequences go through the drafter in one forward; the attention masks here keep
 them apart: **a block never sees another block, nor context at or after its anchor**.
 
@@ -28,7 +28,7 @@ def eligible_anchors(loss_mask: Tensor, prompt_end: bool = False) -> Tensor:
     The anchor itself must be a response token (it was emitted by the target) and its
     block must supervise at least the next token. ``prompt_end``: also the token before
     each response (the prompt's last), whose block drafts the answer's first tokens, as a
-    request's first round does (a recipe beside SPEC §6, ``TrainConfig.prompt_end_anchors``).
+    request's first round does (a recipe beside DESIGN §6, ``TrainConfig.prompt_end_anchors``).
     """
     assert loss_mask.dim() == 2, f"loss_mask must be [B, T], got {tuple(loss_mask.shape)}"
     mask = loss_mask.bool()
@@ -90,7 +90,7 @@ class BlockLayout:
 
 
 def block_layout(input_ids: Tensor, loss_mask: Tensor, anchors: Tensor, block_size: int) -> BlockLayout:
-    """Positions, labels and supervised slots of the blocks at ``anchors`` (SPEC §6).
+    """Positions, labels and supervised slots of the blocks at ``anchors`` (DESIGN §6).
 
     Slot ``k`` is supervised when its label ``input_ids[a + k + 1]`` exists and is in the
     loss mask, and so is every earlier slot of the block: only the contiguous supervised
@@ -201,7 +201,7 @@ def block_attention_mask(anchors: Tensor, context_len: int, block_size: int) -> 
     Queries are the A*K block slots, block-major. Keys are the C context entries
     (position ``t`` = target features of token ``t``) followed by the same A*K slots.
     A slot sees context strictly before its block's anchor and every slot of its own
-    block (bidirectional inside the block, SPEC §5.1); nothing else. ``True`` = attend.
+    block (bidirectional inside the block, DESIGN §5.1); nothing else. ``True`` = attend.
     Every row sees at least its own block, so no row is fully masked.
     """
     B, A = anchors.shape
@@ -221,7 +221,7 @@ def chain_attention_mask(anchors: Tensor, context_len: int, num_steps: int) -> T
     ``t``), then the S = ``num_steps`` chain entries of every anchor, step-major
     (``[step 1: A anchors][step 2: A anchors]...``). A chain sees first-pass entries up to
     and including its anchor's (``t < a``) and its own chain entries only: the causal
-    mask plus the diagonal on earlier chunks (SPEC §5.2).
+    mask plus the diagonal on earlier chunks (DESIGN §5.2).
     """
     B, A = anchors.shape
     ctx = visible_context(anchors, context_len)  # [B, A, C]

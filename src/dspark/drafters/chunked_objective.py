@@ -1,6 +1,6 @@
 """The draft-logit terms of the objective, chunk by chunk, with their gradients in closed form.
 
-SPEC §6 and issues 14/16. The dense path (:func:`dspark.drafters.objective.compute_loss`
+DESIGN §6. The dense path (:func:`dspark.drafters.objective.compute_loss`
 on materialized logits) holds several ``[B, A, K, V]`` fp32 tensors through the
 backward pass: draft logits, log-probabilities, probabilities, the target's, the L1
 difference and autograd's saved copies. Here the slots go through in chunks; for each
@@ -62,7 +62,7 @@ def _softcap(z: Tensor, cap: float | None) -> Tensor:
 
 
 # exp(x) for x below about -87 is a subnormal float or 0, and torch's vectorised exp takes a
-# slow path for it (10-20x, flush-to-zero or not; BENCHMARKS.md, issue 16). Trained drafters'
+# slow path for it (10-20x, flush-to-zero or not; BENCHMARKS.md). Trained drafters'
 # logits span far more than 87 nats, so every softmax below clamps its exponent here first:
 # each probability under 1.7e-38 rises to it, far below the objective's float noise.
 EXP_FLOOR = -87.0

@@ -1,4 +1,4 @@
-"""Layers and helpers shared by the feature-conditioned drafters (SPEC §5).
+"""Layers and helpers shared by the feature-conditioned drafters (DESIGN §5).
 
 - :class:`DecoderDims`: the shape of a draft decoder layer, read from the target config;
 - RMSNorm, SwiGLU (RoPE and attention are in :mod:`dspark.drafters.attention`);
@@ -11,7 +11,7 @@
 Per-request state (context K/V caches, generators, sampling) is in
 :mod:`dspark.drafters.request_state`.
 
-Module attribute names follow the DeepSpec checkpoint layout (SPEC §5.4), so a drafter's
+Module attribute names follow the DeepSpec checkpoint layout (DESIGN §5.4), so a drafter's
 ``state_dict()`` has the released key names without any renaming.
 """
 
@@ -36,7 +36,7 @@ from dspark.targets.families import layer_shape
 
 @dataclass(frozen=True, kw_only=True)
 class DecoderDims:
-    """Shape of a draft decoder layer; drafters copy it from their target (SPEC §5.1).
+    """Shape of a draft decoder layer; drafters copy it from their target (DESIGN §5.1).
 
     ``embed_scale`` and ``logit_softcap`` are the target family's quirks (Gemma): the
     drafter holds the bare embedding matrix and LM head, so it applies them itself.
@@ -122,7 +122,7 @@ class SwiGLU(nn.Module):
 class DraftAttention(nn.Module):
     """Multi-head attention whose keys/values may be prefixed by injected context.
 
-    ``in_features`` is H for DFlash layers and 2H for Eagle3's layer (SPEC §5.2);
+    ``in_features`` is H for DFlash layers and 2H for Eagle3's layer (DESIGN §5.2);
     ``qk_norm`` adds Qwen3's per-head RMSNorm on queries and keys before RoPE.
     """
 
@@ -179,7 +179,7 @@ class DraftAttention(nn.Module):
 
 
 class DraftDecoderLayer(nn.Module):
-    """Pre-norm decoder layer with KV injection (paper Eq. 3, SPEC §5.1).
+    """Pre-norm decoder layer with KV injection (paper Eq. 3, DESIGN §5.1).
 
     Qwen3's shape; q/k-norm and the MLP activation as the target family has them.
 
@@ -274,7 +274,7 @@ def set_draft_ids(drafter: nn.Module, ids: Tensor, target) -> None:
 
 @torch.no_grad()
 def copy_shared_weights(drafter: nn.Module, target, *, init_mask: bool = True) -> None:
-    """Copy the target's embedding and LM head into ``drafter`` and freeze them (SPEC §2).
+    """Copy the target's embedding and LM head into ``drafter`` and freeze them (DESIGN §2).
 
     A reduced draft vocabulary takes the head's rows of its ``draft_ids`` and keeps the
     full head as ``full_head`` for the training loss. A learned mask embedding starts at
@@ -317,7 +317,7 @@ def slot_factors(
     draft_ids: Tensor | None = None,
     full_head: Tensor | None = None,
 ) -> SlotFactors:
-    """The draft and target logits of every slot as :class:`~dspark.protocols.SlotFactors` (SPEC §6).
+    """The draft and target logits of every slot as :class:`~dspark.protocols.SlotFactors` (DESIGN §6).
 
     ``hidden [..., K, H]`` are the slots' final-normed draft states; ``target_hidden
     [B, T, H]`` the target's final-normed last hidden state; ``positions [B, A, K]`` the

@@ -1,4 +1,4 @@
-"""DFlash: a parallel drafter with KV injection (SPEC §5.1; paper §2, Eqs. 2-3).
+"""DFlash: a parallel drafter with KV injection (DESIGN §5.1; paper §2, Eqs. 2-3).
 
 :class:`DFlashDrafter` holds the DFlash backbone (:mod:`dspark.drafters.backbone`: the block
 network, its context cache and its training forward) and samples every slot of the block
@@ -34,8 +34,8 @@ class DFlashConfig:
     # q/k-norm in the draft layers. True = DeepSpec's Qwen3 draft layer, the class vLLM and SGLang
     # load whatever the target; None = as the target family has it (Llama: none), dspark-only.
     qk_norm: bool | None = True
-    # N: propose only from the N most frequent tokens of the training data (issue 16;
-    # drafters/draft_vocab.py). None = the target's whole vocabulary.
+    # N: propose only from the N most frequent tokens of the training data
+    # (drafters/draft_vocab.py). None = the target's whole vocabulary.
     draft_vocab_size: int | None = None
     # trained with the prompt's last token as an anchor too (TrainConfig.prompt_end_anchors):
     # then it drafts a request's first round (DrafterTraits.after_prompt)
@@ -66,7 +66,7 @@ class DFlashDrafter(BackboneDrafter, nn.Module):
         return build_from_target(cls, target, config, draft_ids=draft_ids)
 
     def forward_train(self, batch: TrainBatch) -> TrainOutput:
-        """Every real block's slots ``[1, N, K]``, teacher-forced context, logits as factors (SPEC §6)."""
+        """Every real block's slots ``[1, N, K]``, teacher-forced context, logits as factors (DESIGN §6)."""
         blocks = pack_blocks(batch_layout(batch, self.block_size), batch.input_ids.shape[1])
         h = self.backbone.block_hidden_train(batch, blocks).unsqueeze(0)  # [1, N, K, H]
         return TrainOutput(

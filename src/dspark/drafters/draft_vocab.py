@@ -1,10 +1,10 @@
-"""A reduced draft vocabulary: the drafter proposes only from N chosen target tokens (issue 16).
+"""A reduced draft vocabulary: the drafter proposes only from N chosen target tokens.
 
 Eagle3's ``d2t`` idea, as vLLM's Eagle3/DFlash/DSpark drafters load it: the drafter's LM
 head has N rows, the target's rows of the N most frequent tokens of the regenerated
 training data, and draft id ``i`` stands for target id ``draft_ids[i]``. Outside those
 tokens ``p_d = 0``; speculative sampling stays lossless for any ``p_d`` (its accepted /
-recovered tokens follow the target whatever the draft distribution, SPEC §3), so only
+recovered tokens follow the target whatever the draft distribution, DESIGN §3), so only
 the acceptance rate changes: a target token outside the set is never drafted.
 
 Stored in the drafter as the buffer ``draft_ids [N]`` (ascending target ids). vLLM's

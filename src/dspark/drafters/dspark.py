@@ -1,4 +1,4 @@
-"""DSpark: a DFlash backbone + a sequential head + a confidence head (SPEC §5.3; paper §3).
+"""DSpark: a DFlash backbone + a sequential head + a confidence head (DESIGN §5.3; paper §3).
 
 Block distribution (paper Eq. 4): ``p_k(v | x_0, x_<k) = softmax(U_k + B_k(x_0, x_<k, ·))``
 where ``U_k`` are the backbone's base logits of slot k and ``B_k`` the sequential head's
@@ -6,8 +6,8 @@ bias: the Markov head's ``W_1[x_{k-1}] W_2`` (default) or the RNN head's ``W_2�
 One backbone forward, then a cheap left-to-right loop samples ``x_1..x_K``, each step
 conditioned on the token just sampled (``x_0`` = the anchor). The reported draft
 distribution ``p_d`` is exactly the processed ``softmax(U_k + B_k)`` the token was drawn
-from (SPEC §3). The confidence head gives ``c_k = σ(wᵀ[h_k; W_1[x_{k-1}]] + b)`` (Eq. 7),
-optionally temperature-scaled by the STS temperatures of the config (SPEC §8).
+from (DESIGN §3). The confidence head gives ``c_k = σ(wᵀ[h_k; W_1[x_{k-1}]] + b)`` (Eq. 7),
+optionally temperature-scaled by the STS temperatures of the config (DESIGN §8).
 
 Training is teacher-forced: the previous token of slot k is the ground-truth token (slot
 1 uses the anchor), so all slots are computed in parallel.
@@ -34,7 +34,7 @@ from dspark.sampling.tree import TreeBlock, TreeConfig
 
 @dataclass(frozen=True, kw_only=True)
 class DSparkConfig:
-    """A DSpark drafter. Field names follow DeepSpec's config.json where one exists (SPEC §5.4).
+    """A DSpark drafter. Field names follow DeepSpec's config.json where one exists (DESIGN §5.4).
 
     ``markov_rank = 0`` drops the sequential head (the backbone alone, i.e. DFlash with a
     confidence head). ``sts_temperatures[k]`` divides the confidence logit of draft k+1.
@@ -52,8 +52,8 @@ class DSparkConfig:
     markov_head_type: str = "vanilla"  # "vanilla" (Markov, Eq. 5) | "rnn" (Eq. 6)
     enable_confidence_head: bool = True
     confidence_head_with_markov: bool = True  # c_k reads W_1[x_{k-1}] besides h_k
-    sts_temperatures: tuple[float, ...] | None = None  # fitted by calibration (SPEC §8)
-    draft_vocab_size: int | None = None  # N most frequent training tokens (issue 16); None = all
+    sts_temperatures: tuple[float, ...] | None = None  # fitted by calibration (DESIGN §8)
+    draft_vocab_size: int | None = None  # N most frequent training tokens; None = all
     # trained with the prompt's last token as an anchor too (TrainConfig.prompt_end_anchors):
     # then it drafts a request's first round (DrafterTraits.after_prompt)
     prompt_end_anchors: bool = False
@@ -116,7 +116,7 @@ class DSparkDrafter(BackboneDrafter, nn.Module):
     def forward_train(self, batch: TrainBatch) -> TrainOutput:
         """Markov-corrected logits and confidences of every real block ``[1, N, K, ...]``, teacher-forced.
 
-        SPEC §5.3, §6; the blocks are packed by :meth:`DFlashBackbone.block_hidden_train`.
+        DESIGN §5.3, §6; the blocks are packed by :meth:`DFlashBackbone.block_hidden_train`.
         """
         blocks = pack_blocks(batch_layout(batch, self.block_size), batch.input_ids.shape[1])
         h = self.backbone.block_hidden_train(batch, blocks).unsqueeze(0)  # [1, N, K, H]

@@ -1,4 +1,4 @@
-"""Eagle3: an autoregressive drafter trained with training-time test (SPEC §5.2).
+"""Eagle3: an autoregressive drafter trained with training-time test (DESIGN §5.2).
 
 Entries and positions. Entry ``p`` pairs token ``x_p`` with a hidden state of position
 ``p - 1``: the fused target features ``g_{p-1} = fc([H^(l1); …; H^(lm)])`` for committed
@@ -59,7 +59,7 @@ class Eagle3Config:
 
     block_size: int = 7  # drafts per round = training-time-test length
     target_layer_ids: tuple[int, ...] | None = None  # None = the target adapter's
-    draft_vocab_size: int | None = None  # N most frequent training tokens (d2t, issue 16); None = all
+    draft_vocab_size: int | None = None  # N most frequent training tokens (d2t); None = all
     # trained with the prompt's last token as an anchor too (TrainConfig.prompt_end_anchors):
     # then it drafts a request's first round (DrafterTraits.after_prompt)
     prompt_end_anchors: bool = False
@@ -103,7 +103,7 @@ class Eagle3Layer(nn.Module):
 
 
 class Eagle3Drafter(nn.Module):
-    """Eagle3; attribute names give the keys of SPEC §5.4 (``layers.0.hidden_norm`` etc.)."""
+    """Eagle3; attribute names give the keys of DESIGN §5.4 (``layers.0.hidden_norm`` etc.)."""
 
     @property
     def traits(self) -> DrafterTraits:
@@ -155,7 +155,7 @@ class Eagle3Drafter(nn.Module):
     # -- training ----------------------------------------------------------------------------
 
     def forward_train(self, batch: TrainBatch) -> TrainOutput:
-        """Training-time test: γ chained steps from each real anchor ``[1, N, K]`` (SPEC §5.2).
+        """Training-time test: γ chained steps from each real anchor ``[1, N, K]`` (DESIGN §5.2).
 
         The first-pass entries (entry t = token x_{t+1} with g_t) and the blocks are packed
         as in :meth:`DFlashBackbone.block_hidden_train`: no padding blocks, attention per row.

@@ -1,4 +1,4 @@
-"""Packed-block attention through ``torch.nn.attention.flex_attention`` (SPEC §6, issue 14).
+"""Packed-block attention through ``torch.nn.attention.flex_attention`` (DESIGN §6).
 
 The same attention as :func:`~dspark.drafters.attention.attend_packed_blocks` — each
 block of K slots sees the context entries its :class:`PackedBlockMask` allows and its

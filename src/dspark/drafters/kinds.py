@@ -1,4 +1,4 @@
-"""The registry's table of trainable drafter methods (SPEC §5): config class, module
+"""The registry's table of trainable drafter methods (DESIGN §5): config class, module
 class, checkpoint architecture and the config.json fields of each. Nothing outside
 this table and :mod:`dspark.drafters.registry` branches on a method name.
 
@@ -168,7 +168,7 @@ def _eagle3_config(raw: dict[str, Any]) -> dict[str, Any]:
 KINDS: dict[str, DrafterKind] = {
     kind.name: kind
     for kind in (
-        # DFlash = the DSpark checkpoint class with markov_rank = 0 and no confidence head (SPEC §5.4).
+        # DFlash = the DSpark checkpoint class with markov_rank = 0 and no confidence head (DESIGN §5.4).
         DrafterKind(
             name="dflash",
             module="dspark.drafters.dflash",

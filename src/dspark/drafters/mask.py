@@ -1,4 +1,4 @@
-"""Which input fills a parallel drafter's block slots after the anchor (SPEC §5.1).
+"""Which input fills a parallel drafter's block slots after the anchor (DESIGN §5.1).
 
 DFlash and DSpark feed the anchor and then ``γ - 1`` mask inputs. Qwen3's tokenizer has
 a mask token; most others (Llama, Mistral, Phi, SmolLM2) have none. Two choices:
@@ -10,7 +10,7 @@ a mask token; most others (Llama, Mistral, Phi, SmolLM2) have none. Two choices:
   vector ``mask_embedding [H]``, saved in its checkpoint. dspark's own folders carry it;
   DeepSpec's layout has no place for it, so engine exports refuse such a drafter.
 
-Measured on SmolLM2 at equal budget (BENCHMARKS.md, issue 11), both reach the same τ
+Measured on SmolLM2 at equal budget (BENCHMARKS.md), both reach the same τ
 within noise, so the default for a tokenizer without a mask token is the one that exports:
 its unknown token when it has one that is neither EOS nor padding (SmolLM2:
 ``<|endoftext|>``); otherwise the user chooses.

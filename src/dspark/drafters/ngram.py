@@ -4,7 +4,7 @@ Finds the most recent earlier occurrence of the longest suffix (``max_n`` down t
 ``min_n`` tokens) of the sequence, and proposes the tokens that followed it. The
 proposal is deterministic, so its draft distribution is one-hot: verification accepts
 draft ``x`` with probability ``p_t(x)`` and otherwise samples from ``norm(p_t - e_x)``,
-which keeps the target distribution (SPEC §3).
+which keeps the target distribution (DESIGN §3).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Drafter objectives and training metrics (SPEC §6; paper Eqs. 9-12).
+"""Drafter objectives and training metrics (DESIGN §6; paper Eqs. 9-12).
 
 Every term is a per-slot value ``[B, A, K]`` reduced by one rule: a mean over the
 supervised slots (``TrainOutput.valid``) weighted by the position weight ``w_k`` of the
@@ -136,7 +136,7 @@ def binary_cross_entropy(confidence: Tensor, label: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class DraftMetrics:
-    """How good the drafts are, from the training batch (SPEC §6), all detached.
+    """How good the drafts are, from the training batch (DESIGN §6), all detached.
 
     ``acceptance[k]``: mean ``1 - ½‖p_d - p_t‖₁`` of slot k over supervised slots (the
     expected conditional acceptance; NaN where no slot k was supervised).
@@ -162,7 +162,7 @@ class LossOutput:
 
 
 def draft_metrics(p_d: Tensor, p_t: Tensor, valid: Tensor, confidences: Tensor | None = None) -> DraftMetrics:
-    """Per-position expected acceptance, expected τ and confidence bias (SPEC §6)."""
+    """Per-position expected acceptance, expected τ and confidence bias (DESIGN §6)."""
     return acceptance_metrics(soft_acceptance_label(p_d, p_t), valid, confidences)
 
 

@@ -1,4 +1,4 @@
-"""A drafter that holds a network part under the part's own weight names (SPEC §5.4).
+"""A drafter that holds a network part under the part's own weight names (DESIGN §5.4).
 
 DSpark and DFlash both hold the DFlash backbone (``drafters/backbone.py``) rather than
 inherit from it. Registering the backbone as a submodule would rename every weight
@@ -30,7 +30,7 @@ def hold(owner: nn.Module, name: str, part: nn.Module) -> None:
         raise ValueError(f"hold {name!r} before registering anything else on {type(owner).__name__}")
     owner.__dict__[name] = part  # a plain attribute: nn.Module.__setattr__ would register it
     owner.__dict__["_parameters"] = part._parameters  # one table (see the docstring)
-    # Buffers likewise (a reduced draft vocabulary's ``draft_ids``, issue 16): same keys.
+    # Buffers likewise (a reduced draft vocabulary's ``draft_ids``): same keys.
     owner.__dict__["_buffers"] = part._buffers
     owner.__dict__["_non_persistent_buffers_set"] = part._non_persistent_buffers_set
     for child, module in part.named_children():

@@ -1,4 +1,4 @@
-"""Drafter names (SPEC §5): the one place that maps a name to code.
+"""Drafter names (DESIGN §5): the one place that maps a name to code.
 
 The training-free drafters are factories registered by name (``"ngram"``); the trainable
 methods are rows of :data:`dspark.drafters.kinds.KINDS`. Loading a drafter by name or folder

@@ -1,4 +1,4 @@
-"""Per-request drafting state: context K/V caches, generators, sampling and input checks (SPEC §5).
+"""Per-request drafting state: context K/V caches, generators, sampling and input checks (DESIGN §5).
 
 A drafter keeps, per request, the keys/values of its context (they depend on the
 target's features only, so they grow as tokens are committed and are never recomputed)
@@ -149,7 +149,7 @@ def draw_drafts(
     """Drafts from logits ``[R, K, N]`` (or ``[R, N]``) over the draft vocabulary, in target ids.
 
     Returns the tokens and the distributions ``[R, K, V]`` they were drawn from, with
-    ``p_d = 0`` outside a reduced draft vocabulary (lossless: SPEC §3, drafters/draft_vocab.py),
+    ``p_d = 0`` outside a reduced draft vocabulary (lossless: DESIGN §3, drafters/draft_vocab.py),
     or None when every request is greedy: each draft is then one-hot at the logits' argmax,
     and nothing V-wide is built (:class:`~dspark.protocols.DraftBlock`).
     """

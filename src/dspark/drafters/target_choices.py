@@ -1,4 +1,4 @@
-"""The user's per-target choices for a new drafter: feature layers and mask input (SPEC §4, §5.1).
+"""The user's per-target choices for a new drafter: feature layers and mask input (DESIGN §4, §5.1).
 
 ``dspark train --target-layers 1,9,17 --mask-token TOKEN`` (or a preset's fields) end up
 here, validated against the loaded target, with one-line errors for the CLI.

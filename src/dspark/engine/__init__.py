@@ -1,4 +1,4 @@
-"""The batched speculative-decoding engine (SPEC §10): requests, KV memory, the step loop.
+"""The batched speculative-decoding engine (DESIGN §10): requests, KV memory, the step loop.
 
 Names are imported on first use, so that ``dspark.engine.commands`` (which the CLI table
 imports) does not pull in torch and transformers before a command runs.

@@ -18,7 +18,7 @@ class EngineConfig:
     """Shape and policies of an :class:`Engine`."""
 
     block_size: int = 7  # γ: most drafts per request per step
-    policy: str = "prefix"  # fixed | fixed:k | threshold:t | prefix | prefix-async (SPEC §9)
+    policy: str = "prefix"  # fixed | fixed:k | threshold:t | prefix | prefix-async (DESIGN §9)
     max_batch: int = 32  # KV slots = requests decoded at once; more wait in the queue
     max_seq_len: int | None = None  # tokens per slot (prompt + answer); None = min(target's context, 4096)
     prefill_chunk: int = 256  # prompt tokens prefilled per step, over all prefilling requests
@@ -71,5 +71,5 @@ class EngineStats:
 
     @property
     def tau(self) -> float:
-        """Acceptance length τ over all rounds, bonus included (SPEC §2)."""
+        """Acceptance length τ over all rounds, bonus included (DESIGN §2)."""
         return acceptance_length(self.accepted, self.rounds)

@@ -1,4 +1,4 @@
-"""Profiling SPS(B) of a target with the engine's own batched forward (SPEC §9).
+"""Profiling SPS(B) of a target with the engine's own batched forward (DESIGN §9).
 
 The scheduler's cost table must describe the forward the engine really runs, so a step
 of B tokens here is a :func:`~dspark.targets.flat.flat_forward` of ``min(B, slots)``
@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 # Config fields that do not change what a forward costs: a copy of the same model elsewhere,
 # or with other special tokens, shares its profile (a path-keyed table made each copied tree
-# profile afresh under that moment's load: issue 17).
+# profile afresh under that moment's load).
 _NOT_COST = frozenset(
     {"_name_or_path", "name_or_path", "transformers_version", "architectures", "_commit_hash",
      "bos_token_id", "eos_token_id", "pad_token_id", "dtype", "torch_dtype"}

@@ -1,6 +1,6 @@
 """The engine behind asyncio: one background thread steps it, callers await or stream.
 
-In-process regeneration (SPEC §7.2) and the HTTP server (SPEC §10) serve many
+In-process regeneration (DESIGN §7.2) and the HTTP server (DESIGN §10) serve many
 concurrent callers from one engine. The engine is not thread-safe, so every call into
 it happens on the worker thread; callers hand it commands (submit, cancel) through a
 queue and receive their tokens through an asyncio queue of their own. Requests that

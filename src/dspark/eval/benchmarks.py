@@ -1,4 +1,4 @@
-"""Benchmarks as ``dspark eval`` reads them: prompts, a name, the paper's domain (SPEC §12).
+"""Benchmarks as ``dspark eval`` reads them: prompts, a name, the paper's domain (DESIGN §12).
 
 A benchmark is a built-in prompt set (``math``, ``code``, ``chat``) or a JSONL file; its
 name is the file's stem. DeepSpec's benchmark names (``gsm8k.jsonl``, ``mt-bench.jsonl``
@@ -16,7 +16,7 @@ from dspark.data.prompts import Prompt, load_prompts
 from dspark.errors import DsparkError
 from dspark.presets.tiny import PROMPT_DOMAINS
 
-# DeepSpec's per-benchmark prompt caps (SPEC §12), used when no --limit is given.
+# DeepSpec's per-benchmark prompt caps (DESIGN §12), used when no --limit is given.
 DEEPSPEC_CAPS = {
     "gsm8k": 500,
     "math500": 500,

@@ -1,4 +1,4 @@
-"""One evaluation answer through the engine (SPEC §12), with the confidences of its rounds.
+"""One evaluation answer through the engine (DESIGN §12), with the confidences of its rounds.
 
 The engine decodes exactly as it serves (same forward, same verification), so the
 tokens/s an eval reports is the engine's. For acceptance figures that measure the

@@ -1,4 +1,4 @@
-"""Acceptance metrics over round logs: the definitions of SPEC §2, each in one place.
+"""Acceptance metrics over round logs: the definitions of DESIGN §2, each in one place.
 
 A round (:class:`dspark.protocols.RoundLog`) proposed ``proposed`` drafts, of which the
 first ``accepted`` survived verification; the target then adds one token of its own

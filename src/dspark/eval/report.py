@@ -1,4 +1,4 @@
-"""``results.json``, the plots and a Markdown report of an evaluation run (SPEC §12).
+"""``results.json``, the plots and a Markdown report of an evaluation run (DESIGN §12).
 
 The JSON holds every figure (``rows``: one object per drafter × benchmark; ``domains``:
 macro averages; ``thresholds``: the Fig. 5 sweeps); the report embeds the plots and

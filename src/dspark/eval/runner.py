@@ -1,15 +1,15 @@
-"""Real speculative decoding of benchmarks with several drafters, side by side (SPEC §12).
+"""Real speculative decoding of benchmarks with several drafters, side by side (DESIGN §12).
 
 Every drafter answers the same prompts with the same seeds (one seed per prompt and
 turn), and the plain target answers them too, interleaved prompt by prompt, so that
 machine noise hits every method alike and the speedup is a ratio from one run. Each
 answer is the first user turn through the target's chat template (every turn, feeding
 back the method's own answers, with ``multi_turn``). Rounds are summarised with the
-metrics of SPEC §2 (:mod:`dspark.eval.metrics`); drafters that report confidences also
+metrics of DESIGN §2 (:mod:`dspark.eval.metrics`); drafters that report confidences also
 get the static threshold sweep of paper Fig. 5, and their rounds are kept for
 calibration (:mod:`dspark.calibration`).
 
-Every answer, the plain target's too, runs through the engine (SPEC §10) as a request
+Every answer, the plain target's too, runs through the engine (DESIGN §10) as a request
 alone that verifies every draft (:mod:`dspark.eval.engine_answer`): the τ and acceptance
 tables measure the drafter, and greedy answers are those of the batch-1 reference loop.
 The speed columns (tokens/s, speedup) come from a second decode of the same request
@@ -57,10 +57,10 @@ class EvalConfig:
     seed: int = 0
     block_size: int | None = None  # drafts per round; None = each drafter's own γ
     baseline: bool = True  # also decode with the plain target (for the speedup)
-    template_kwargs: Mapping = field(default_factory=dict)  # passed to the chat template (SPEC §7.4)
+    template_kwargs: Mapping = field(default_factory=dict)  # passed to the chat template (DESIGN §7.4)
     progress: bool = True
     strict: bool = False  # a prompt that does not fit the context is an error instead of skipped
-    payoff_speed: bool = True  # speed columns from a decode under payoff control (issue 17)
+    payoff_speed: bool = True  # speed columns from a decode under payoff control
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""How structured is a target's greedy text? (SPEC §11: a drafter is only as meaningful
+"""How structured is a target's greedy text? (DESIGN §11: a drafter is only as meaningful
 as the target's text is structured; a target that loops flatters every drafter.)
 
 For each built-in domain: the share of math answers ending in ``\\boxed{...}``, of code

@@ -1,4 +1,4 @@
-"""Drafter files: the folder format (SPEC §5.4), the shipped drafters and their records, the
+"""Drafter files: the folder format (DESIGN §5.4), the shipped drafters and their records, the
 target tensors a folder shares, and the exports for other engines (``export/``).
 
 Above the drafter models (it builds them from a folder's config) and below training, the

@@ -1,4 +1,4 @@
-"""A drafter by name or folder (SPEC §5): what ``--drafter`` accepts.
+"""A drafter by name or folder (DESIGN §5): what ``--drafter`` accepts.
 
 ``build_drafter(spec, target)`` takes:
 
@@ -8,7 +8,7 @@
 - ``"dflash" | "dspark" | "eagle3"`` — the drafter of that method shipped for the loaded
   target (``dspark/assets/drafters/<target>/<name>``, else the user's store
   ``~/.cache/dspark/drafters/<target>/<name>``: :mod:`dspark.formats.shipped`);
-- a path — a drafter folder (SPEC §5.4), loaded with full validation.
+- a path — a drafter folder (DESIGN §5.4), loaded with full validation.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Drafters as Hugging Face model folders in DeepSpec's layout (SPEC §5.4).
+"""Drafters as Hugging Face model folders in DeepSpec's layout (DESIGN §5.4).
 
 ``config.json`` = the target's config + the drafter fields DeepSpec, vLLM and SGLang
 read (``block_size``, ``num_target_layers``, ``target_layer_ids``, ``mask_token_id``,
@@ -66,7 +66,7 @@ class DrafterLoadError(DsparkError):
 
 
 def drafter_config_json(drafter: nn.Module, target: TargetAdapter) -> dict[str, Any]:
-    """The full ``config.json`` of ``drafter`` for ``target`` (SPEC §5.4)."""
+    """The full ``config.json`` of ``drafter`` for ``target`` (DESIGN §5.4)."""
     kind = kind_of_config(drafter.config)
     out = target.config.to_dict()
     out.pop("architectures", None)
@@ -393,7 +393,7 @@ def load_drafter(folder: str | Path, target: TargetAdapter, *, block_size: int |
 
 
 def with_sts_temperatures(config, temperatures: tuple[float, ...]):
-    """A copy of a drafter config with fitted STS temperatures (SPEC §8)."""
+    """A copy of a drafter config with fitted STS temperatures (DESIGN §8)."""
     return dataclasses.replace(config, sts_temperatures=tuple(float(t) for t in temperatures))
 
 

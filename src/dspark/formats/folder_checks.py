@@ -1,4 +1,4 @@
-"""Checks on a drafter folder that run before anything is built from it (issue 15).
+"""Checks on a drafter folder that run before anything is built from it.
 
 A ``config.json`` decides how much memory building the drafter takes, so its sizes are
 checked first: the integer fields are integers in range (:func:`check_config_fields`),
@@ -36,7 +36,7 @@ _INT_FIELDS = {
     "hidden_size": 1,
     "draft_vocab_size": 1,
     # The draft layers' attention shape is the target's (drafter_dims); a config.json that
-    # holds a broken one is refused, not silently replaced by the target's (issue 40).
+    # holds a broken one is refused, not silently replaced by the target's.
     "num_attention_heads": 1,
     "num_key_value_heads": 1,
     "head_dim": 1,

@@ -1,7 +1,7 @@
-"""Drafter files without the target's frozen embedding and LM head (issue 16).
+"""Drafter files without the target's frozen embedding and LM head.
 
 Every feature-conditioned drafter holds frozen copies of the target's ``embed_tokens``
-and ``lm_head`` (SPEC §2); for SmolLM2 they are 56 MB in bf16, more than the whole
+and ``lm_head`` (DESIGN §2); for SmolLM2 they are 56 MB in bf16, more than the whole
 trained drafter. A drafter folder leaves out each copy that equals the target's (the LM
 head: its rows of ``draft_ids`` under a reduced draft vocabulary) and records, in
 ``config.json``, which keys it left out and the sha256 of the target tensors they come

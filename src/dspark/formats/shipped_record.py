@@ -3,13 +3,13 @@
 ``scripts/ship_drafters.py`` writes one record per method beside the shipped folders
 (``dspark/assets/drafters/<target>/SHIPPED.json``); the quickstart reads it to put the
 shipped drafters beside the ones it trains. A record holds the training budget (steps,
-epochs, training tokens), the campaign's last validation expected τ and real τ, and —
-since issue 16 item 6 — the learning curve: the campaign's validation expected τ
+epochs, training tokens), the campaign's last validation expected τ and real τ, and
+the learning curve: the campaign's validation expected τ
 (``eval/val_expected_tau``: the same fixed samples and anchors at every evaluation) and
 the real τ of its online evaluations, against steps, thinned to a few dozen points.
 A record written before curves existed reads with ``curve = None``.
 
-Since issue 36 a record also names its target (vocabulary, depth, the sha256 of its
+A record also names its target (vocabulary, depth, the sha256 of its
 embedding and head) and the sha256 of each weight file: a drafter kept outside git (the
 store, :mod:`dspark.formats.shipped`) is then still described by the repository — what it
 is, how it was trained, what τ to expect — and an installed copy is checked against it.

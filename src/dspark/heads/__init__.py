@@ -1,10 +1,10 @@
-"""Heads on top of a parallel draft backbone (SPEC §5.3): sequential (Markov, RNN) and confidence."""
+"""Heads on top of a parallel draft backbone (DESIGN §5.3): sequential (Markov, RNN) and confidence."""
 
 from dspark.heads.confidence import ConfidenceHead, scale_confidence_logits
 from dspark.heads.markov import MarkovHead
 from dspark.heads.rnn import RNNHead
 
-# ``markov_head_type`` values of the DeepSpec config (SPEC §5.4) that we build.
+# ``markov_head_type`` values of the DeepSpec config (DESIGN §5.4) that we build.
 MARKOV_HEAD_TYPES = ("vanilla", "rnn")
 
 

@@ -1,10 +1,10 @@
-"""The confidence head: predicted conditional acceptance of each draft (paper Eq. 7, SPEC §5.3).
+"""The confidence head: predicted conditional acceptance of each draft (paper Eq. 7, DESIGN §5.3).
 
 ``c_k = σ(wᵀ [h_k ; W_1[x_{k-1}]] + b)``: a linear map plus sigmoid on the backbone's
 hidden state and the Markov embedding of the previous token (``with_markov``; without a
 sequential head it reads ``h_k`` alone). Keys: ``proj.weight [1, H + r]``, ``proj.bias [1]``.
 
-Sequential Temperature Scaling (SPEC §8) divides the logit of position k by ``T_k``;
+Sequential Temperature Scaling (DESIGN §8) divides the logit of position k by ``T_k``;
 the temperatures are fitted after training and live in the drafter's config.
 """
 

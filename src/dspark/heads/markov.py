@@ -1,12 +1,12 @@
-"""The Markov head: a low-rank first-order transition bias on the draft logits (paper Eq. 5, SPEC §5.3).
+"""The Markov head: a low-rank first-order transition bias on the draft logits (paper Eq. 5, DESIGN §5.3).
 
 ``B(x_{k-1}, ·) = W_1[x_{k-1}] W_2`` with ``W_1: V×r`` an embedding lookup and
-``W_2: r×V`` a logit projection (``r×N`` over a reduced draft vocabulary, issue 16),
+``W_2: r×V`` a logit projection (``r×N`` over a reduced draft vocabulary),
 added to the backbone's base logits ``U_k`` with no gate. ``W_1[x]`` is also the
 *Markov embedding* the confidence head reads (Eq. 7).
 
 Stored as ``markov_w1.weight [V, r]`` (= W_1) and ``markov_w2.weight [V, r]`` (= W_2ᵀ),
-the DeepSpec key layout (SPEC §5.4).
+the DeepSpec key layout (DESIGN §5.4).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The RNN head: a gated recurrent transition bias over the whole block prefix (paper Eq. 6, SPEC §5.3).
+"""The RNN head: a gated recurrent transition bias over the whole block prefix (paper Eq. 6, DESIGN §5.3).
 
 At step k the head reads ``z_k = [s_{k-1}; W_1[x_{k-1}]; h_k]`` (``2r + H``), applies one
 linear map ``(2r + H → 3r)`` split into gate g, candidate c and output o, and returns
@@ -7,7 +7,7 @@ linear map ``(2r + H → 3r)`` split into gate g, candidate c and output o, and 
 
 Same ``markov_w1``/``markov_w2`` keys as the Markov head, plus the projection
 ``joint_proj.weight [3r, 2r+H]`` and ``joint_proj.bias [3r]``: the names and the
-``[s; emb; h]`` / ``(g, c, o)`` order that DeepSpec, SGLang and speculators use (SPEC §14).
+``[s; emb; h]`` / ``(g, c, o)`` order that DeepSpec, SGLang and speculators use (DESIGN §14).
 Checkpoints of dspark < 0.2 named it ``rnn_proj.weight`` with no bias; they still load
 (:func:`upgrade_rnn_keys`), with a zero bias, which is the function they were trained as.
 """

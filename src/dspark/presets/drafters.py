@@ -1,6 +1,6 @@
-"""Named drafter configs (SPEC §5): one function per preset, no flags.
+"""Named drafter configs (DESIGN §5): one function per preset, no flags.
 
-``*_tiny`` fit the embedded tiny target (SPEC §11: 12 layers, hidden 256), where a 1-2
+``*_tiny`` fit the embedded tiny target (DESIGN §11: 12 layers, hidden 256), where a 1-2
 layer drafter costs ≤ 15% of a target forward; ``*_qwen3_8b`` follow the paper's setup
 (γ = 7, 5 DFlash/DSpark layers, 1 Eagle3 layer, DeepSpec's feature layers);
 ``dspark_debug`` is the smallest useful drafter, for tests on random tiny targets.
@@ -16,7 +16,7 @@ from dspark.tiny.tokenizer import MASK_TOKEN, SPECIAL_TOKENS
 
 # The tiny tokenizer gives its special tokens the first ids, in order.
 TINY_MASK_TOKEN_ID = SPECIAL_TOKENS.index(MASK_TOKEN)
-# Qwen3: an id past the tokenizer's added tokens, inside the 151936-row embedding (SPEC §5.1).
+# Qwen3: an id past the tokenizer's added tokens, inside the 151936-row embedding (DESIGN §5.1).
 QWEN3_MASK_TOKEN_ID = 151669
 # DeepSpec's spread over 36 layers (Qwen3-4B and Qwen3-8B both have 36).
 QWEN3_36_LAYER_IDS = (1, 9, 17, 25, 33)
@@ -41,7 +41,7 @@ def eagle3_tiny() -> Eagle3Config:
 
 
 # SmolLM2-135M-Instruct (hidden 576, 30 layers, vocabulary 49,152, no mask token: the
-# drafter uses the tokenizer's default, issue 11). Two draft layers, as for the tiny target.
+# drafter uses the tokenizer's default). Two draft layers, as for the tiny target.
 def dflash_smollm2() -> DFlashConfig:
     return DFlashConfig(num_layers=2, block_size=7)
 
@@ -55,7 +55,7 @@ def eagle3_smollm2() -> Eagle3Config:
 
 
 def dspark_smollm2_v8k() -> DSparkConfig:
-    """``dspark_smollm2`` proposing from the 8,192 most frequent training tokens (issue 16):
+    """``dspark_smollm2`` proposing from the 8,192 most frequent training tokens:
     its folder is 24.9 MB in bf16 (30.1 MB over the whole 49,152-token vocabulary)."""
     return DSparkConfig(num_layers=2, block_size=7, markov_rank=64, draft_vocab_size=8192)
 

@@ -1,4 +1,4 @@
-"""The embedded tiny target and built-in prompt sets shipped as package data (SPEC §11)."""
+"""The embedded tiny target and built-in prompt sets shipped as package data (DESIGN §11)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Sampling: logits → probabilities (probs.py), the greedy token (argmax.py) and lossless verification
-(rejection.py, SPEC §3)."""
+(rejection.py, DESIGN §3)."""
 
 from dspark.sampling.argmax import greedy_tokens
 from dspark.sampling.probs import batch_probs, process_logits

@@ -6,7 +6,7 @@ On a CPU ``torch.argmax`` over the last dimension walks each row one element at 
 blocked argmax below 18 ms (bf16: 174 → 20 ms; ``scripts/bench_argmax.py`` in git history). A greedy
 round takes the argmax of every verified row of the target and every drafted row of the
 drafter, so at a real vocabulary it was most of the per-round work left outside the
-forwards (stop 30).
+forwards.
 
 The blocked argmax: split each row into blocks of ``C`` elements; the block maxima
 (``amax``, vectorised) name the first block holding the row's maximum; the exact argmax of

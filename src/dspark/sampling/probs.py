@@ -1,4 +1,4 @@
-"""From logits to the sampling distribution: temperature, top-k, top-p (SPEC §3, §10).
+"""From logits to the sampling distribution: temperature, top-k, top-p (DESIGN §3, §10).
 
 The same processing is applied to the target's and the drafter's logits, so that
 rejection sampling (``rejection.py``) preserves the *processed* target distribution.

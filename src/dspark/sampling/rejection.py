@@ -1,6 +1,6 @@
-"""Lossless verification of a draft block: speculative rejection sampling (SPEC §3).
+"""Lossless verification of a draft block: speculative rejection sampling (DESIGN §3).
 
-Terms (SPEC §2; every other module uses them in this sense):
+Terms (DESIGN §2; every other module uses them in this sense):
 
 - **accepted tokens**: the longest prefix of a request's drafts that survives the
   left-to-right test "accept ``x_k`` with probability ``min(1, p_t^k(x_k) / p_d^k(x_k))``".
@@ -51,7 +51,7 @@ class VerifyOutput:
 def acceptance_probability(p_t: torch.Tensor, p_d: torch.Tensor) -> torch.Tensor:
     """Probability ``[...]`` that a draft sampled from ``p_d [..., V]`` is accepted.
 
-    SPEC §3 identity: ``Σ_v min(p_t, p_d)(v) = 1 - ½‖p_t - p_d‖₁``.
+    DESIGN §3 identity: ``Σ_v min(p_t, p_d)(v) = 1 - ½‖p_t - p_d‖₁``.
     """
     return 1.0 - 0.5 * (p_t - p_d).abs().sum(dim=-1)
 
@@ -140,7 +140,7 @@ def verify(
     greedy: torch.Tensor | None = None,
     generators: Generators = None,
 ) -> VerifyOutput:
-    """Verify a draft block against the target (SPEC §3) for R requests at once.
+    """Verify a draft block against the target (DESIGN §3) for R requests at once.
 
     Args:
         draft_tokens: ``[R, K]`` long; ``draft_tokens[r, :draft_lengths[r]]`` are request r's

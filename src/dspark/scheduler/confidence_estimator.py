@@ -1,7 +1,7 @@
 """Confidences for drafters without a confidence head, learned online from verification.
 
 The hardware-aware policies rank drafts by predicted conditional acceptance ``c_k``
-(SPEC §2). DSpark's head supplies it; for every other drafter (n-gram, DFlash, Eagle3)
+(DESIGN §2). DSpark's head supplies it; for every other drafter (n-gram, DFlash, Eagle3)
 this estimator predicts it from the draft distribution and recalibrates against what
 the target actually accepted.
 
@@ -14,7 +14,7 @@ Model: per position k and per peak bin, exponentially decayed counts of (tested,
 accepted) at that position, shrunk towards the position's pooled rate, which is shrunk
 towards a prior. Position k is *tested* in a round when it was verified and every draft
 before it was accepted; it *succeeds* when it is accepted too (conditional acceptance,
-SPEC §2).
+DESIGN §2).
 """
 
 from __future__ import annotations

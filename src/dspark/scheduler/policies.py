@@ -1,7 +1,7 @@
-"""Verification scheduling: how many of each request's drafts to verify this step (SPEC §9).
+"""Verification scheduling: how many of each request's drafts to verify this step (DESIGN §9).
 
 Every policy is a pure function from the drafts' confidences ``c [R, K]`` (predicted
-conditional acceptance, SPEC §2), per-request caps ``[R]`` and, for the hardware-aware
+conditional acceptance, DESIGN §2), per-request caps ``[R]`` and, for the hardware-aware
 ones, the profiled SPS table, to verification lengths ``ℓ [R]`` with ``0 <= ℓ_r <= cap_r``.
 
 Why these are lossless. Speculative sampling keeps the target distribution for any
@@ -99,7 +99,7 @@ def parse_policy(spec: str | Policy) -> Policy:
 
 
 def survival(confidences: Tensor) -> Tensor:
-    """Prefix survival ``a_{r,j} = Π_{i<=j} c_{r,i}`` ``[R, K]`` (SPEC §2)."""
+    """Prefix survival ``a_{r,j} = Π_{i<=j} c_{r,i}`` ``[R, K]`` (DESIGN §2)."""
     return confidences.double().clamp(0.0, 1.0).cumprod(dim=-1)
 
 

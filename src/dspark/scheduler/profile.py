@@ -1,4 +1,4 @@
-"""SPS(B): target engine steps per second for a verification forward of B tokens (SPEC §2, §9).
+"""SPS(B): target engine steps per second for a verification forward of B tokens (DESIGN §2, §9).
 
 The prefix scheduler trades expected accepted tokens against the cost of a bigger
 verification batch through this curve (paper §3.2.2). It is profiled once per target and

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP server over the engine (SPEC §10).
+"""The OpenAI-compatible HTTP server over the engine (DESIGN §10).
 
 - ``app.py`` — ``create_app(worker, model_name)``: routes, admission (429), API key,
   client-disconnect cancellation;

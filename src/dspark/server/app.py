@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP server over one engine (SPEC §10).
+"""The OpenAI-compatible HTTP server over one engine (DESIGN §10).
 
 ``create_app(worker, model_name)`` builds a FastAPI app around an
 :class:`~dspark.engine.worker.EngineWorker`, whose thread steps the engine; every HTTP

@@ -1,6 +1,6 @@
 """Errors of the HTTP API: one JSON shape, ``{"error": {"message", "type"}}``, and the right status.
 
-Bad input is always a 4xx (SPEC §10): FastAPI's own validation errors (malformed JSON,
+Bad input is always a 4xx (DESIGN §10): FastAPI's own validation errors (malformed JSON,
 wrong types, out-of-range values) become 400s in the OpenAI shape instead of FastAPI's
 422 ``{"detail": [...]}``; a 5xx means the server is broken (engine dead: 503) or has a
 bug (500, logged with its traceback).

@@ -1,4 +1,4 @@
-"""What one request may cost the server before the engine sees it (issue 15: no request stalls it).
+"""What one request may cost the server before the engine sees it (no request stalls it).
 
 - **Body size**: a request body above ``max_body_bytes`` is answered 413 before it is
   parsed (:class:`BodyLimitMiddleware`; a ``Content-Length`` above the limit is refused

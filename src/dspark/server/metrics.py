@@ -1,6 +1,6 @@
-"""Prometheus metrics of one server, in a registry of its own (SPEC §10).
+"""Prometheus metrics of one server, in a registry of its own (DESIGN §10).
 
-Speculation figures use the terms of SPEC §2 and come from the rounds of every request
+Speculation figures use the terms of DESIGN §2 and come from the rounds of every request
 that left the engine (finished or cancelled), through the worker's ``on_finish`` hook:
 
 - ``dspark_rounds_total`` — decode rounds (one per request per engine step);

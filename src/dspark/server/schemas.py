@@ -1,4 +1,4 @@
-"""The OpenAI-compatible wire format of ``dspark serve`` (SPEC §10): requests, responses, errors.
+"""The OpenAI-compatible wire format of ``dspark serve`` (DESIGN §10): requests, responses, errors.
 
 Requests are validated strictly: ``"5"`` is not an integer, ``true`` is not a number,
 ``NaN``/``Infinity`` are not numbers (Python's JSON parser accepts them), so every wrong

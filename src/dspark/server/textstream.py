@@ -1,6 +1,6 @@
 """Streaming text: token chunks in, text deltas out, and the deltas join to the final text.
 
-A streamed answer must read exactly like the non-streamed one (SPEC §10), which the
+A streamed answer must read exactly like the non-streamed one (DESIGN §10), which the
 engine cuts at EOS, ``max_tokens`` or the start of the first stop string. Two things
 keep a delta from being premature:
 

@@ -1,4 +1,4 @@
-"""Running the app on uvicorn with a draining shutdown (SPEC §10: SIGTERM drains).
+"""Running the app on uvicorn with a draining shutdown (DESIGN §10: SIGTERM drains).
 
 On SIGTERM or Ctrl+C, uvicorn closes the listening socket, asks every open connection
 to close after its current response, and waits (up to ``timeout_graceful_shutdown``)

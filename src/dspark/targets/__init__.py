@@ -1,4 +1,4 @@
-"""The target model behind one adapter: features, rollback-able KV cache, family quirks (SPEC §4)."""
+"""The target model behind one adapter: features, rollback-able KV cache, family quirks (DESIGN §4)."""
 
 from dspark.targets.adapter import (
     TargetAdapter,

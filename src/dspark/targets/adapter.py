@@ -1,4 +1,4 @@
-"""One adapter over any HF causal LM: the target as the rest of dspark sees it (SPEC §4).
+"""One adapter over any HF causal LM: the target as the rest of dspark sees it (DESIGN §4).
 
 It exposes the pieces drafters share with the target (``embed``, ``final_norm``,
 ``lm_head``), a forward over new tokens on a KV cache that can be rolled back to the
@@ -37,7 +37,7 @@ class TargetLoadError(DsparkError, ValueError):
 
 
 def default_layer_ids(num_layers: int) -> tuple[int, ...]:
-    """``min(5, n - 1)`` feature layers spread evenly, as DeepSpec picks them (SPEC §4).
+    """``min(5, n - 1)`` feature layers spread evenly, as DeepSpec picks them (DESIGN §4).
 
     DeepSpec's Qwen3-4B choice ``[1, 9, 17, 25, 33]`` of 36 layers spans layers 1 to
     n - 3 in equal steps. Small targets widen that span (up to layer n - 2, then down to
@@ -111,7 +111,7 @@ class TargetOutput:
 
 
 class TargetAdapter:
-    """A frozen HF causal LM behind the interface of SPEC §4.
+    """A frozen HF causal LM behind the interface of DESIGN §4.
 
     Works on the model's own modules (embedding, decoder layers, final norm, LM head)
     at the paths its family's row of :mod:`dspark.targets.families` gives; an
@@ -119,7 +119,7 @@ class TargetAdapter:
     """
 
     def __init__(self, model: PreTrainedModel, tokenizer=None, *, target_layer_ids=None) -> None:
-        # The target is frozen (SPEC §2): no dropout, no gradients.
+        # The target is frozen (DESIGN §2): no dropout, no gradients.
         self.model = model.eval().requires_grad_(False)
         self.tokenizer = tokenizer
         self.config = model.config.get_text_config()
@@ -170,7 +170,7 @@ class TargetAdapter:
         ``device`` defaults to CUDA when there is one, else the CPU; ``dtype`` to bf16 on
         CUDA and fp32 on the CPU (the tests' exact-parity dtype), so every command that
         loads a target runs a Qwen3-8B on a GPU box without extra flags.
-        Safetensors only; ``trust_remote_code`` stays off unless asked (SPEC §4).
+        Safetensors only; ``trust_remote_code`` stays off unless asked (DESIGN §4).
         Raises :class:`TargetLoadError` when there is no loadable model there.
         """
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -259,7 +259,7 @@ class TargetAdapter:
         """Run the target over new tokens ``ids`` [B, T]; positions continue from ``cache.length``.
 
         Appends the tokens' keys/values to ``cache``. Returns logits at every new
-        position (the verification forward of SPEC §3 needs all γ + 1 of them), and with
+        position (the verification forward of DESIGN §3 needs all γ + 1 of them), and with
         ``with_features`` the raw outputs of ``layer_ids`` — the caller's drafter's
         ``target_layer_ids``; ``None`` means the adapter's default :attr:`target_layer_ids`.
         The layers are an argument, never state changed by whoever loads a drafter.

@@ -1,4 +1,4 @@
-"""The target's KV cache, with rollback to an accepted length (SPEC §4).
+"""The target's KV cache, with rollback to an accepted length (DESIGN §4).
 
 A speculative round appends the anchor and γ drafts to the cache in one verification
 forward, then keeps only the accepted prefix: ``truncate`` drops the rejected tail

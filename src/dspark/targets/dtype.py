@@ -5,10 +5,10 @@ and CPUs with bf16 dot-product instructions (x86 ``avx512_bf16`` / ``amx_bf16`` 
 torch's AVX-512 kernels in use, Arm ``bf16``) for targets of hidden size >=
 :data:`BF16_MIN_HIDDEN` — and fp32 elsewhere. On a CPU without them bf16 is emulated and
 slower than fp32. On SmolLM2-135M (hidden 576) bf16 makes the decode step 1.26× faster
-and verifying 8 tokens cost 1.07× a decode step instead of 1.69× (issue 17). Below that
+and verifying 8 tokens cost 1.07× a decode step instead of 1.69×. Below that
 size oneDNN's bf16 GEMMs of a few rows cost more than fp32's (hidden 256: a [7, 256] x
 [256, 768] product takes 89 µs in bf16, 30 µs in fp32, one thread), so the embedded tiny
-target decodes faster in fp32 and ``auto`` keeps it there (BENCHMARKS.md, issue 17).
+target decodes faster in fp32 and ``auto`` keeps it there (BENCHMARKS.md).
 
 Training does not use this: it keeps its own dtype rules (:func:`training_bf16`: bf16
 autocast on CUDA and on CPUs with AMX, fp32 on other CPUs).
@@ -104,7 +104,7 @@ def training_bf16(precision: str, device: torch.device, hidden_size: int | None 
     ``auto`` is bf16 on CUDA, and on a CPU with AMX for targets of hidden size >=
     :data:`BF16_MIN_HIDDEN`: a SmolLM2 drafter's bf16 products run 5-8x faster than fp32 there
     (one thread) and a training step about 1.9x faster end to end, while the tiny target's
-    step gains nothing (BENCHMARKS.md, issue 16) and keeps fp32 everywhere. With AVX-512 bf16
+    step gains nothing (BENCHMARKS.md) and keeps fp32 everywhere. With AVX-512 bf16
     alone a bf16 product is slower than fp32's (78 vs 95 GFLOP/s on a Zen 4 core), so other
     CPUs train in fp32. Master weights stay fp32 either way.
     """

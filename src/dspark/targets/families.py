@@ -1,10 +1,10 @@
-"""Per-family layout and quirks of target models, as data (SPEC §4).
+"""Per-family layout and quirks of target models, as data (DESIGN §4).
 
 The adapter is one class for every HF causal LM; what differs between families is
 where the pieces live (embedding, decoder layers, final norm, LM head), which config
 fields hold the dimensions, and a handful of numbers and flags. All of it is looked up
 here from ``config.model_type``, never guessed from attributes. A drafter that shares
-the target's embedding and LM head (SPEC §2), or copies its layer shape, reads the same
+the target's embedding and LM head (DESIGN §2), or copies its layer shape, reads the same
 record, so both sides apply e.g. Gemma's embedding scale the same way.
 
 Adding a family = adding one row to ``_FAMILIES``.

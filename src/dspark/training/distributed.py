@@ -1,4 +1,4 @@
-"""Everything dspark does with ``torch.distributed`` (SPEC §6): the only module importing it.
+"""Everything dspark does with ``torch.distributed`` (DESIGN §6): the only module importing it.
 
 A run is launched by ``torchrun``, which sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
 ``MASTER_ADDR`` and ``MASTER_PORT`` in each process; :func:`init_from_env` turns them

@@ -1,4 +1,4 @@
-"""The feature cache built across ranks (SPEC §6): each rank runs the target over its share
+"""The feature cache built across ranks (DESIGN §6): each rank runs the target over its share
 of the samples and writes its own shards; rank 0 merges the manifest.
 
 The cache's format, its job and its shard writer are :mod:`dspark.data.cache_build`; what

@@ -2,7 +2,7 @@
 
 The shared path of the sweeps and the quickstart: build the drafter for the target with
 a seeded initialisation, train it (resuming from ``cfg.output_dir`` when a run is there),
-and publish the last checkpoint's two files as an HF drafter folder (SPEC §5.4).
+and publish the last checkpoint's two files as an HF drafter folder (DESIGN §5.4).
 ``dspark train`` does the same under ``torch.distributed``, publishing on rank 0 only.
 """
 
@@ -36,7 +36,7 @@ def train_new_drafter(
     ``online_eval``).
     """
     torch.manual_seed(cfg.seed)
-    ids = choose_draft_ids(config, dataset, target.vocab_size)  # a reduced draft vocabulary (issue 16)
+    ids = choose_draft_ids(config, dataset, target.vocab_size)  # a reduced draft vocabulary
     drafter = kind_of_config(config).drafter_cls.from_target(target, config, draft_ids=ids)
     model_config = lambda d: drafter_config_json(d, target)  # noqa: E731
     result = train(cfg, target, drafter, dataset, model_config=model_config, **options)

@@ -1,4 +1,4 @@
-"""Training metrics: gathered from loss outputs, averaged over ranks, written to JSONL (SPEC §6).
+"""Training metrics: gathered from loss outputs, averaged over ranks, written to JSONL (DESIGN §6).
 
 Every log step appends one JSON object per line to ``metrics.jsonl`` (always), mirrors
 the scalars to TensorBoard when it is installed and asked for, and updates a tqdm

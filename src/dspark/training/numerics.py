@@ -1,4 +1,4 @@
-"""Floating-point settings of a training step (issue 16).
+"""Floating-point settings of a training step.
 
 The loss's ``[.., V]`` probabilities are full of subnormal floats (< 1.2e-38); on x86 each
 one costs a microcode assist, which doubled a CPU training step on the tiny target

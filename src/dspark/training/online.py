@@ -1,4 +1,4 @@
-"""Online target features: the frozen target runs inside the training step (SPEC §7.3).
+"""Online target features: the frozen target runs inside the training step (DESIGN §7.3).
 
 One no-grad forward of the target over a padded micro-batch gives the raw outputs of
 the drafter's feature layers and the final-normed last hidden state, which is all a

@@ -1,7 +1,7 @@
-"""The optimizer of a run: AdamW over the trainable parameters, in groups (SPEC §6).
+"""The optimizer of a run: AdamW over the trainable parameters, in groups (DESIGN §6).
 
 Matrices are weight-decayed, norms and biases are not. With ``head_lr_mult != 1``
-(issue 16's recipes) the sequential head's parameters form groups of their own whose
+(the training recipes) the sequential head's parameters form groups of their own whose
 learning rate is ``lr × head_lr_mult``; the schedule scales every group alike. At the
 default the groups are the two they always were, so older checkpoints' optimizer
 states load unchanged.

@@ -1,4 +1,4 @@
-"""The one place a :class:`~dspark.training.trainer.TrainConfig` is built (issue 13).
+"""The one place a :class:`~dspark.training.trainer.TrainConfig` is built.
 
 ``dspark train``, the quickstart, the campaign and the sweeps each describe a run by a
 *recipe* with the same field names (a plan, a sweep budget, parsed arguments):

@@ -1,4 +1,4 @@
-"""One training run's state and its step: :class:`Trainer` (SPEC §6).
+"""One training run's state and its step: :class:`Trainer` (DESIGN §6).
 
 The wrapped drafter, AdamW (:mod:`~dspark.training.optimizer`), the learning-rate and
 objective schedules (:mod:`~dspark.training.schedule`), the data order, and the
@@ -130,7 +130,7 @@ class Trainer:
             warm_start_backbone(drafter, cfg.warm_start, target)
         if cfg.prompt_end_anchors:  # the folder it saves says it drafts a request's first round
             drafter.config = dataclasses.replace(drafter.config, prompt_end_anchors=True)
-        # fp32 master weights everywhere; bf16 only inside autocast (SPEC §6).
+        # fp32 master weights everywhere; bf16 only inside autocast (DESIGN §6).
         drafter.to(device=world.device, dtype=torch.float32).train()
         flex = cfg.attention == "flex" or (cfg.attention == "auto" and world.device.type == "cuda")
         wanted = {"activation_checkpointing": cfg.activation_checkpointing, "flex_attention": flex}
@@ -195,7 +195,7 @@ class Trainer:
         for i, mb in enumerate(micro):
             generator = online.anchor_generator(self.cfg.seed, step, mb.chunk)
             dtype = None if self.use_bf16 else torch.float32  # a bf16 target's features, fp32 run
-            if self.feature_cache is not None:  # offline features (SPEC §7.3), same batch as online
+            if self.feature_cache is not None:  # offline features (DESIGN §7.3), same batch as online
                 batch = self.feature_cache.target_batch(
                     mb.indices,
                     pad_id=self.pad_id,

@@ -1,4 +1,4 @@
-"""What identifies a training run, and the small facts about its target (SPEC §6).
+"""What identifies a training run, and the small facts about its target (DESIGN §6).
 
 A checkpoint stores the run's identity — the training config (run-control fields
 excluded), the drafter's class and config, the data fingerprint, the target's shape —

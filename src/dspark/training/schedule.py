@@ -1,4 +1,4 @@
-"""What changes with the optimizer step: the learning rate and the objective (SPEC §6)."""
+"""What changes with the optimizer step: the learning rate and the objective (DESIGN §6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The training loop: a drafter against a frozen target (SPEC §6).
+"""The training loop: a drafter against a frozen target (DESIGN §6).
 
 One optimizer step = ``global_batch_size`` samples = micro-batches of
 ``micro_batch_size`` spread over ``world_size`` processes and ``accumulation`` backward

@@ -1,4 +1,4 @@
-"""Warm start: a DSpark drafter's backbone from a trained DFlash drafter (issue 16's recipes).
+"""Warm start: a DSpark drafter's backbone from a trained DFlash drafter (the training recipes).
 
 DSpark holds the DFlash backbone under the backbone's own weight names
 (:func:`dspark.drafters.parts.hold`), so a DFlash drafter folder's tensors are DSpark

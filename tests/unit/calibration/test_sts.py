@@ -1,4 +1,4 @@
-"""Sequential Temperature Scaling on synthetic over-confident scores with known truth (SPEC §8)."""
+"""Sequential Temperature Scaling on synthetic over-confident scores with known truth (DESIGN §8)."""
 
 from __future__ import annotations
 

@@ -286,7 +286,7 @@ def target(tmp_path_factory):
 
 def test_prompt_rendering_matches_training_tokenization(target):
     """The prompt the target answers is exactly the prefix training puts before the answer,
-    and the loss mask starts right after it (SPEC §7.4)."""
+    and the loss mask starts right after it (DESIGN §7.4)."""
     from dspark.data.samples import tokenize_conversation
 
     messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "add two numbers"}]

@@ -1,4 +1,4 @@
-"""Token-faithful data (SPEC §7.2): a drafter trains on exactly the tokens the target generated.
+"""Token-faithful data (DESIGN §7.2): a drafter trains on exactly the tokens the target generated.
 
 Regenerated records carry each turn's prompt and answer ids; training uses them instead
 of re-tokenizing the answer text. The check is against an independent decode: the

@@ -1,6 +1,6 @@
 """A random-init Qwen3 with a small BPE tokenizer and the tiny target's ChatML template.
 
-Shaped like the embedded tiny target (SPEC §11) in miniature, saved as an ordinary HF
+Shaped like the embedded tiny target (DESIGN §11) in miniature, saved as an ordinary HF
 folder, so the data pipeline runs the same code as on a real target. Builds in well
 under a second.
 """
@@ -35,7 +35,7 @@ def build_tiny_chat_target(
     """Save the model and tokenizer to ``folder``; returns it.
 
     ``hidden_size=256, num_layers=12, intermediate_size=768, max_position=1024`` is the
-    embedded tiny target's shape (SPEC §11), for benchmarks before its weights exist.
+    embedded tiny target's shape (DESIGN §11), for benchmarks before its weights exist.
     """
     tok = train_tokenizer(_CORPUS * 20, VOCAB)
     eos, pad = tok.convert_tokens_to_ids(IM_END), tok.convert_tokens_to_ids(PAD_TOKEN)

@@ -12,7 +12,7 @@ class RandomDrafter:
     """Samples each draft from a fixed random distribution given the previous token.
 
     Its proposals are mostly wrong, so rejection sampling works hard; it reports the
-    exact distribution it sampled from (SPEC §3).
+    exact distribution it sampled from (DESIGN §3).
     """
 
     target_layer_ids: tuple[int, ...] = ()

@@ -1,4 +1,4 @@
-"""Sampled speculative decoding keeps the target's joint distribution (SPEC §3).
+"""Sampled speculative decoding keeps the target's joint distribution (DESIGN §3).
 
 The target is an order-1 Markov chain behind the adapter's interface (a stub with
 hand-set logits, in the litgpt style), so the exact distribution of every 3-token

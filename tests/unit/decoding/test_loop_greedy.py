@@ -1,4 +1,4 @@
-"""Greedy speculative decoding equals plain greedy decoding token for token (SPEC §3)."""
+"""Greedy speculative decoding equals plain greedy decoding token for token (DESIGN §3)."""
 
 from __future__ import annotations
 

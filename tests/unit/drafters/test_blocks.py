@@ -1,4 +1,4 @@
-"""Anchors, block layout and the attention masks of packed training blocks (SPEC §6).
+"""Anchors, block layout and the attention masks of packed training blocks (DESIGN §6).
 
 The rule: a block never sees another block, nor context at or after its anchor. It is
 checked on the masks themselves and end to end, by perturbing what a block must not see
@@ -37,7 +37,7 @@ def test_eligible_anchors_need_two_supervised_tokens():
 
 
 def test_prompt_end_anchors_add_the_token_before_each_response():
-    """The recipe beside SPEC §6: the prompt's last token (0 then 1 in the mask) anchors too,
+    """The recipe beside DESIGN §6: the prompt's last token (0 then 1 in the mask) anchors too,
     its block drafting the answer's first tokens; nothing else changes."""
     mask = torch.tensor([[0, 0, 1, 1, 1, 0, 0, 1, 1]], dtype=torch.bool)
     assert eligible_anchors(mask, prompt_end=True).tolist() == [[F_, T_, T_, T_, F_, F_, T_, T_, F_]]

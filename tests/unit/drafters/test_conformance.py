@@ -1,4 +1,4 @@
-"""Every trained-drafter architecture plugs into the speculative loop losslessly (SPEC §3).
+"""Every trained-drafter architecture plugs into the speculative loop losslessly (DESIGN §3).
 
 Greedy speculative output must be the target's own greedy output, whether the drafter
 is random (every draft rejected: rollback every round) or briefly trained on the

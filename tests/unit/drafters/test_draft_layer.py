@@ -1,4 +1,4 @@
-"""The shared draft layer (SPEC §5.1): a Qwen3 decoder layer, plus KV injection (paper Eq. 3)."""
+"""The shared draft layer (DESIGN §5.1): a Qwen3 decoder layer, plus KV injection (paper Eq. 3)."""
 
 from __future__ import annotations
 

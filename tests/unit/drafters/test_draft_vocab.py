@@ -2,7 +2,7 @@
 
 The drafters propose only from ``draft_ids`` (N of the tiny target's 128 tokens); the
 loss is checked against an independent reference (the draft distribution written out
-over the whole vocabulary with zeros, SPEC §6), and speculative decoding with such a
+over the whole vocabulary with zeros, DESIGN §6), and speculative decoding with such a
 drafter against plain decoding (greedy equality, chi-square at T = 1).
 """
 

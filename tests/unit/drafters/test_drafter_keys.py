@@ -1,4 +1,4 @@
-"""Checkpoint key layout of the drafters, straight from ``state_dict()`` (SPEC §5.4)."""
+"""Checkpoint key layout of the drafters, straight from ``state_dict()`` (DESIGN §5.4)."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def test_dspark_rnn_keys(target):
 
 
 def test_dspark_without_heads_is_dflash_layout(target):
-    """SPEC §5.4: DFlash = the DSpark class with markov_rank 0 and no confidence head."""
+    """DESIGN §5.4: DFlash = the DSpark class with markov_rank 0 and no confidence head."""
     drafter = build("dspark_markov", target, markov_rank=0, enable_confidence_head=False)
     assert shapes(drafter) == backbone_keys(2)
 

@@ -1,4 +1,4 @@
-"""DSpark and DFlash hold the DFlash backbone with its weights' names unchanged (issue 13, SPEC §5.4).
+"""DSpark and DFlash hold the DFlash backbone with its weights' names unchanged (issue 13, DESIGN §5.4).
 
 Until issue 13 both drafters *were* the backbone (they inherited from it). Holding it
 instead must leave every name the weights are known by exactly as it was: the keys of

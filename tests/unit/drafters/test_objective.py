@@ -1,4 +1,4 @@
-"""Drafter losses and metrics against hand-computed values (SPEC §6; paper Eqs. 9-12)."""
+"""Drafter losses and metrics against hand-computed values (DESIGN §6; paper Eqs. 9-12)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The packed training forward equals its definition: every block computed alone (SPEC §6, issue 16).
+"""The packed training forward equals its definition: every block computed alone (DESIGN §6, issue 16).
 
 DFlash/DSpark train on all blocks of a micro-batch at once, packed into one sequence
 with padding dropped and attention scored only where a block may look. The oracle here

@@ -1,4 +1,4 @@
-"""Drafter presets (SPEC §5): the paper's settings, the tiny target's mask token, a debug preset."""
+"""Drafter presets (DESIGN §5): the paper's settings, the tiny target's mask token, a debug preset."""
 
 from __future__ import annotations
 

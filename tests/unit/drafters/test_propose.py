@@ -1,4 +1,4 @@
-"""``propose`` returns a valid DraftBlock sampled from the distribution it reports (SPEC §3, §5)."""
+"""``propose`` returns a valid DraftBlock sampled from the distribution it reports (DESIGN §3, §5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The project's feature-conditioned drafters run through the engine (SPEC §5, §10).
+"""The project's feature-conditioned drafters run through the engine (DESIGN §5, §10).
 
 Random-init DFlash, DSpark and Eagle3 drafters read the target features the engine's
 batched forward captures (``state.features``, one row per token but the anchor); the

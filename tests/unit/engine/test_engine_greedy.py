@@ -1,4 +1,4 @@
-"""Greedy output of the batched engine equals plain greedy decoding, token for token (SPEC §3, §10).
+"""Greedy output of the batched engine equals plain greedy decoding, token for token (DESIGN §3, §10).
 
 Every policy, batch sizes 1, 8 and 32, requests joining mid-flight and waiting in the
 queue, EOS and ``max_tokens`` landing inside accepted blocks, chunked prefill.

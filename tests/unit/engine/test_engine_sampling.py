@@ -1,4 +1,4 @@
-"""Sampled requests under batching: reproducible per seed, and distributed as the target (SPEC §3, §9)."""
+"""Sampled requests under batching: reproducible per seed, and distributed as the target (DESIGN §3, §9)."""
 
 from __future__ import annotations
 

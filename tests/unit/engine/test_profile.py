@@ -1,4 +1,4 @@
-"""Profiling SPS(B) with the engine's forward, and ``dspark profile`` (SPEC §9)."""
+"""Profiling SPS(B) with the engine's forward, and ``dspark profile`` (DESIGN §9)."""
 
 from __future__ import annotations
 

@@ -278,7 +278,7 @@ def test_a_lazy_drafters_first_proposal_absorbs_the_prompt_apart(target, sps):
 
 class BlindAfterPromptOracle(NoisyOracleDrafter):
     """Right on every draft except in a request's first round, where it never is: a drafter
-    trained on response anchors only (SPEC §6), as the shipped ones are."""
+    trained on response anchors only (DESIGN §6), as the shipped ones are."""
 
     def __init__(self, references, vocab_size: int, *, drafts_after_prompt: bool) -> None:
         super().__init__(references, vocab_size, error=0.0)

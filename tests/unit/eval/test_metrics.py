@@ -1,4 +1,4 @@
-"""The acceptance metrics of SPEC §2 against hand-counted round logs."""
+"""The acceptance metrics of DESIGN §2 against hand-counted round logs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Drafter folders: DeepSpec key layout, round trip, strict validation (SPEC §5.4)."""
+"""Drafter folders: DeepSpec key layout, round trip, strict validation (DESIGN §5.4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Confidence head, paper Eq. 7: ``c_k = σ(wᵀ[h_k; W_1[x_{k-1}]] + b)``, and STS scaling (SPEC §8)."""
+"""Confidence head, paper Eq. 7: ``c_k = σ(wᵀ[h_k; W_1[x_{k-1}]] + b)``, and STS scaling (DESIGN §8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Deterministic cases of ``verify`` (SPEC §3): one-hot targets, greedy, bonus indexing,
+"""Deterministic cases of ``verify`` (DESIGN §3): one-hot targets, greedy, bonus indexing,
 padding, seeded generators, and the helpers."""
 
 from __future__ import annotations

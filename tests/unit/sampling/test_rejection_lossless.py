@@ -1,4 +1,4 @@
-"""Statistical losslessness of ``verify`` (SPEC §3): what a round emits follows the target.
+"""Statistical losslessness of ``verify`` (DESIGN §3): what a round emits follows the target.
 
 Toy design: position k of a round has its own fixed target row ``p_t[k]`` and draft row
 ``p_d[k]`` that do not depend on earlier tokens, and drafts are sampled from ``p_d``.
@@ -84,7 +84,7 @@ def test_emitted_token_at_each_position_follows_target_row(chi2_pvalue, V, K):
 
 @pytest.mark.parametrize("V,K", CONFIGS)
 def test_conditional_acceptance_matches_one_minus_tv(V, K):
-    """Empirical P(draft k accepted | reached k) within 4σ of Σ min(p_t, p_d) (SPEC §3)."""
+    """Empirical P(draft k accepted | reached k) within 4σ of Σ min(p_t, p_d) (DESIGN §3)."""
     p_t, p_d, lengths, _, out = config_run(V, K)
     theory = acceptance_probability(p_t[:K], p_d).double()  # [K]
     torch.testing.assert_close(theory, torch.minimum(p_t[:K], p_d).sum(-1).double(), atol=1e-6, rtol=0)

@@ -1,4 +1,4 @@
-"""Logits → probabilities: temperature, top-k, top-p (SPEC §3)."""
+"""Logits → probabilities: temperature, top-k, top-p (DESIGN §3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Verification policies on hand-made confidences and SPS tables (SPEC §9, paper Algorithm 1)."""
+"""Verification policies on hand-made confidences and SPS tables (DESIGN §9, paper Algorithm 1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The SPS table: O(1) lookup, interpolation in step time, persistence, measurement (SPEC §9)."""
+"""The SPS table: O(1) lookup, interpolation in step time, persistence, measurement (DESIGN §9)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every family of the table (SPEC §4): layout, dims, and lossless decoding through every drafter.
+"""Every family of the table (DESIGN §4): layout, dims, and lossless decoding through every drafter.
 
 For seeded tiny random-init targets of Llama, Mistral, Qwen2, Qwen3, Gemma2, Gemma3,
 Phi-3, GPT-2 and GPT-NeoX: the adapter's incremental forward equals HF's full forward,

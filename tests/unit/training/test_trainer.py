@@ -1,4 +1,4 @@
-"""The training loop (SPEC §6): schedule, accumulation, exact resume, non-finite stop, config guard."""
+"""The training loop (DESIGN §6): schedule, accumulation, exact resume, non-finite stop, config guard."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The trainer on the real drafters (SPEC §5, §6): 2 steps each, checkpoint keys, exact resume."""
+"""The trainer on the real drafters (DESIGN §5, §6): 2 steps each, checkpoint keys, exact resume."""
 
 from __future__ import annotations
 
@@ -54,10 +54,10 @@ def test_two_steps_train_and_checkpoint_every_key(tmp_path, target, name):
     result = train(_cfg(tmp_path, name), target, drafter, toy_samples(4))
     assert result.step == 2
     ckpt = load_checkpoint(result.checkpoint)
-    assert ckpt.model_state.keys() == drafter.state_dict().keys()  # SPEC §5.4: exactly the state dict
+    assert ckpt.model_state.keys() == drafter.state_dict().keys()  # DESIGN §5.4: exactly the state dict
     for k, v in drafter.state_dict().items():
         assert torch.equal(ckpt.model_state[k], v), k
-    assert torch.equal(drafter.lm_head.weight, before["lm_head.weight"])  # frozen (SPEC §6)
+    assert torch.equal(drafter.lm_head.weight, before["lm_head.weight"])  # frozen (DESIGN §6)
     assert torch.equal(drafter.embed_tokens.weight, before["embed_tokens.weight"])
     assert not torch.equal(drafter.fc.weight, before["fc.weight"])  # trained
     assert ckpt.model_config["block_size"] == 3 and ckpt.model_config["architectures"] == [

@@ -1,4 +1,4 @@
-"""Export a drafter as a folder that vLLM, SGLang, speculators or DeepSpec code loads (SPEC §5.4, §14).
+"""Export a drafter as a folder that vLLM, SGLang, speculators or DeepSpec code loads (DESIGN §5.4, §14).
 
 Formats (:data:`FORMATS`), each for one consumer:
 

@@ -1,4 +1,4 @@
-"""``--format gguf``: a DSpark / DFlash drafter as the draft GGUF llama.cpp serves (issue 35).
+"""``--format gguf``: a DSpark / DFlash drafter as the draft GGUF llama.cpp serves.
 
 The names and keys are llama.cpp's (sources vendored in ``llama-cpp-python==0.3.36``:
 ``gguf-py/gguf/constants.py``, ``src/models/dflash.cpp``, ``common/speculative.cpp``),
@@ -23,7 +23,7 @@ checked by its own binaries in ``tests/interop/test_llamacpp_*.py``:
 What llama.cpp cannot represent is refused (:func:`gguf_problems`): an RNN Markov head,
 draft layers without q/k norm, a learned mask embedding, Gemma-style scaling or softcaps,
 Eagle3 (llama.cpp's ``eagle3`` graph fuses exactly 3 target layers, dspark's shipped
-Eagle3 drafters 5, and dspark does not write that graph's layout). STS temperatures (SPEC §8) have no
+Eagle3 drafters 5, and dspark does not write that graph's layout). STS temperatures (DESIGN §8) have no
 place in the file: ``--spec-draft-p-min`` then thresholds the uncalibrated confidence.
 """
 

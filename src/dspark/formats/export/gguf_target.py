@@ -1,4 +1,4 @@
-"""A GGUF of a target that has none, for llama.cpp to run beside a draft GGUF (issue 35).
+"""A GGUF of a target that has none, for llama.cpp to run beside a draft GGUF.
 
 Written for Qwen3-family HF folders whose tokenizer is a byte-level BPE with GPT-2's
 pre-tokenizer regex, which is what the embedded tiny target is; anything else is refused

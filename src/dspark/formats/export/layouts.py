@@ -1,4 +1,4 @@
-"""What each export format writes, and what each engine cannot represent (SPEC §5.4, §14).
+"""What each export format writes, and what each engine cannot represent (DESIGN §5.4, §14).
 
 A layout turns our ``config.json`` fields and ``state_dict`` into the files one consumer
 reads. The facts below were read from the engines' own code (vLLM 0.32, SGLang 0.5.23,

@@ -1,4 +1,4 @@
-"""``export_drafter``: write, validate and only then move an export into place (SPEC §5.4).
+"""``export_drafter``: write, validate and only then move an export into place (DESIGN §5.4).
 
 The folder is written to a temporary folder beside ``--out``: the format's layout
 (:mod:`~dspark.formats.export.layouts`), ``dspark_export.json`` (format, method, source,

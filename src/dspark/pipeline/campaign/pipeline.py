@@ -180,7 +180,7 @@ def target_dtype(source: Path) -> torch.dtype:
     ``targets/dtype.py``: bf16 on CUDA and on CPUs with native bf16 for hidden >= 512, so
     SmolLM2 but not the tiny target. The target then answers the prompts and gives the
     features in the dtype it verifies drafts in, and its forward over a long sequence runs
-    3.7x faster in bf16 on a CPU with AMX (BENCHMARKS.md, issue 16). It is in no stage key:
+    3.7x faster in bf16 on a CPU with AMX (BENCHMARKS.md). It is in no stage key:
     a campaign resumed on another machine keeps what it has.
     """
 

@@ -16,7 +16,7 @@ class CampaignPlan:
     target: str  # a target name of dspark.presets (tiny, smollm2) or a model folder
     presets: tuple[str, ...]  # drafter preset functions, one per method of METHODS
     prompt_source: str = "tiny-corpus"  # tiny-corpus (the target's own) | synthetic (campaign/prompts.py)
-    # regenerate: the target answers its training prompts (its own distribution, SPEC §7)
+    # regenerate: the target answers its training prompts (its own distribution, DESIGN §7)
     prompts: int | None = None  # None = all
     regen_max_tokens: int = 256
     regen_temperature: float = 1.0
@@ -42,7 +42,7 @@ class CampaignPlan:
     temperature: float = 1.0
     seed: int = 0
     # N: every drafter proposes from the N most frequent tokens of the regenerated data
-    # (issue 16); None = each preset's own choice. In the train stage's key only when set.
+    # ; None = each preset's own choice. In the train stage's key only when set.
     draft_vocab: int | None = None
     # sweeps (campaign/sweeps.py, `--sweeps`): the paper's Figs. 3 and 4 at this budget
     sweep_epochs: float | None = None  # None = `epochs` (the campaign's drafters are reused)

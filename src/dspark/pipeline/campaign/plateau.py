@@ -1,4 +1,4 @@
-"""When training has stopped paying: expected τ flat over the last part of a run (issue 16).
+"""When training has stopped paying: expected τ flat over the last part of a run.
 
 A pure function of the logged history, so the stop rule gives the same answer when a
 killed run is resumed and replays its ``metrics.jsonl``.

@@ -1,4 +1,4 @@
-"""Training prompts made offline, for targets that bring none (SmolLM2; issue 16).
+"""Training prompts made offline, for targets that bring none (SmolLM2).
 
 A target trained elsewhere has no corpus of its own here, and the benchmark sets are
 for measuring only. These prompts are composed from templates and word lists with a

@@ -1,4 +1,4 @@
-"""The target's own answers the quickstart trains and validates on (regenerated, SPEC §7.1)."""
+"""The target's own answers the quickstart trains and validates on (regenerated, DESIGN §7.1)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ that neither evaluation nor calibration uses, so it is held out for the drafters
 here and for the shipped ones alike. Expected τ is the campaign's measure
 (``eval/val_expected_tau``, :class:`dspark.pipeline.campaign.pipeline.TrainingEval`): per draft
 position k the mean expected acceptance ``1 − ½‖p_d − p_t‖₁`` over the supervised slots
-(SPEC §6), then ``τ = 1 + Σ_k Π_{i≤k} acceptance[i]`` — on fixed samples with fixed
+(DESIGN §6), then ``τ = 1 + Σ_k Π_{i≤k} acceptance[i]`` — on fixed samples with fixed
 anchors, so two drafters are scored on exactly the same blocks.
 """
 
