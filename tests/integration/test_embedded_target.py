@@ -93,9 +93,9 @@ def test_cli_generate_streams_text_and_reports_tau(capsys):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--target", "/no/such/folder"], "no such folder"),
-        (["--drafter", "nonsense"], "unknown drafter"),
-        (["--top-p", "1.5"], "top_p"),
+        (["--target", "/no/such/folder"], "no such model folder"),
+        (["--drafter", "nonsense"], "neither a registered drafter"),
+        (["--top-p", "1.5"], "--top-p: expected a number in (0, 1]"),
         (["--prompt", "word " * 3000], "context"),
     ],
 )
