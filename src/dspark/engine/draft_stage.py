@@ -99,9 +99,11 @@ class DraftStage:
         if not chosen:
             return Drafts.none(len(decoding), self.vocab_size)
         block, chosen = self._drop_non_finite(block, chosen)
+        decoding = [r for r in decoding if r.finish_reason is None]  # as the engine filters them
+        if not chosen:
+            return Drafts.none(len(decoding), self.vocab_size)
         stats.drafted += int(block.lengths.sum())
         rows = {r.id: i for i, r in enumerate(chosen)}
-        decoding = [r for r in decoding if r.finish_reason is None]
         lengths = self._schedule(decoding, block, rows, caps, base_tokens, step_index)
         return Drafts(block, rows, lengths)
 
@@ -139,9 +141,13 @@ class DraftStage:
         """Verification lengths ``[R]`` over the decoding requests (0 for those not drafting);
         ``step_index`` is the engine's never-reset step count (prefix-async's stale confidences)."""
         R, K = len(decoding), block.max_len
-        index = torch.tensor([rows.get(r.id, -1) for r in decoding])  # [R], -1 = not drafting
+        index = torch.tensor(
+            [rows.get(r.id, -1) for r in decoding], dtype=torch.long
+        )  # [R], -1 = not drafting
         has = index >= 0
-        budget = torch.tensor([min(max(r.draft_budget, 0), caps.get(r.id, 0)) for r in decoding])  # [R]
+        budget = torch.tensor(
+            [min(max(r.draft_budget, 0), caps.get(r.id, 0)) for r in decoding], dtype=torch.long
+        )
         limits = torch.zeros(R, dtype=torch.long)
         limits[has] = torch.minimum(block.lengths.cpu()[index[has]], budget[has].clamp(max=K))
         if not self.policy.needs_confidences:

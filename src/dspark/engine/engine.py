@@ -295,7 +295,10 @@ class Engine:
         for req, n in [(r, 0) for r in decoding] + prefill:
             if n:  # a prefill chunk the failed step already cached is not sent again
                 n = min(n, self._uncached(req))
-            if req.finish_reason is not None or (n == 0 and self._uncached(req) > 0):
+            if req.finish_reason is not None:  # ended inside the failed step (its drafts were corrupt)
+                events.append(TokenEvent(req.id, [], req.finish_reason))
+                continue
+            if n == 0 and self._uncached(req) > 0:
                 continue
             try:
                 alone = ([req], []) if n == 0 else ([], [(req, n)])

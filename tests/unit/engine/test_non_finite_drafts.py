@@ -25,6 +25,22 @@ def drafter(target):
     return d
 
 
+@pytest.mark.parametrize("payoff", [False, True])
+def test_a_lone_request_with_non_finite_drafts_ends_with_an_error_event(target, drafter, sps, payoff):
+    """Its step has nobody left to verify: the step still reports the failure (a server's stream
+    waits for that event), and the next request is served."""
+    config = EngineConfig(payoff=payoff, max_batch=2, block_size=4, draft_costs=(("model", 0.0),))
+    engine = Engine(target, drafter, config, sps=sps)
+    params = SamplingParams(temperature=1.0, max_tokens=12, seed=3)
+    rid = engine.submit([5, 6, POISONED, 7, 8], params)
+    events = []
+    while engine.has_work():
+        events += engine.step()
+    assert [e.finish_reason for e in events if e.request_id == rid][-1] == "error"
+    assert "non-finite" in engine.pop_result(rid).error
+    assert engine.generate([[5, 6, 7, 8, 9]], params)[0].finish_reason == "length"
+
+
 def test_only_the_request_with_non_finite_drafts_fails_and_the_batch_goes_on(target, drafter):
     # a seed whose clean answer (and its drafts) never meets the poisoned token: alone, it runs
     # to its length (asserted below), so any failure beside the poisoned request is contagion
