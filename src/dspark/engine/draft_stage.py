@@ -1,16 +1,10 @@
-"""Stages 3 and 4 of an engine step: plan and draft, then schedule (DESIGN §9, §10).
+"""Stage 2 of an engine step (``engine/engine.py``): plan and draft, then schedule (DESIGN §9, §10).
 
-**Plan and draft**: under the speculation controller (``engine/speculation.py``), each
-decoding request drafts with the proposer its own history says pays most now, or not at
-all; without it, every request drafts with the drafter. A request whose drafts are not
-distributions is failed alone.
-
-**Schedule**: the policy turns confidences (the drafter's, or the online estimator's) into
-verification lengths ``ℓ_r``, each within the request's cap (its budget, its block, and the
-controller's length, all known before drafting) (``scheduler/policies.py``).
-
-Lossless: each choice reads the history and the drafts before the one it admits, never
-the draft it admits.
+Under the speculation controller each request drafts with the proposer that pays most now,
+or not at all (``engine/speculation.py``); without it every request drafts. The policy then
+turns confidences into verification lengths ``ℓ_r`` within each request's cap, all known
+before drafting (``scheduler/policies.py``); a request whose drafts are not distributions
+fails alone. Lossless: no choice reads the draft it admits.
 """
 
 from __future__ import annotations

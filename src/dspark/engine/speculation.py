@@ -1,19 +1,12 @@
-"""The engine's side of the speculation controller: offers, prices, proposals, outcomes (DESIGN §9).
+"""The engine's side of the speculation controller (DESIGN §9.0): offers, prices, proposals, outcomes.
 
-The controller (``scheduler/controller.py``) decides from plain numbers; this module turns
-the engine's requests and clocks into them and carries its decisions out:
-
-- **offers**: each proposer's most drafts per request. A deterministic proposer (prompt
-  lookup) proposes before the plan (its proposal is free and bounds its offer) and is
-  checked afterwards against what the request emitted (its shadow), whoever drafted;
-- **prices**: step seconds fitted from the engine's own steps over the SPS profile,
-  drafting seconds per call and per request from the proposers' own calls, and a lazy
-  drafter's catch-up on tokens it has not absorbed (``scheduler/costs.py``), all on one
-  clock (:func:`~dspark.engine.profile.pricing_clock`);
-- **proposals**: each proposer drafts once for the requests that chose it, and the parts
-  merge into one block (:func:`merge_blocks`), every row what its proposer would have
-  drafted alone (lossless);
-- **outcomes**: what each round verified and accepted goes back to the controller.
+It turns requests and clocks into the controller's plain numbers and carries its decisions
+out. A deterministic proposer (prompt lookup) proposes before the plan (its proposal bounds
+its offer) and is checked afterwards against what the request emitted (its shadow). Prices
+are the engine's own step and drafting seconds on one clock (``scheduler/costs.py``,
+:func:`~dspark.engine.profile.pricing_clock`), plus a lazy drafter's catch-up. Each proposer
+drafts once for the requests that chose it, and the parts merge into one block
+(:func:`merge_blocks`), every row what its proposer would have drafted alone (lossless).
 """
 
 from __future__ import annotations

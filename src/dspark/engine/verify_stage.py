@@ -1,12 +1,9 @@
-"""Stages 6 and 7 of :meth:`Engine.step`: verify the drafts, then commit or roll back.
+"""Stage 4 of an engine step (``engine/engine.py``): verify, commit or roll back, report.
 
-**Verify** by rejection sampling (``sampling/rejection.py``) with per-request RNGs, over
-the target logits of each request's anchor and ``ℓ_r`` drafts from the one flat forward.
-
-**Commit / roll back** each request's KV to anchor + accepted drafts, cut at EOS /
-``max_tokens`` / stop strings (``decoding/stopping.py``), stream the tokens, tell the
-drafter, and free the slots of finished requests. The round's outcomes feed the
-speculation controller and the online confidence estimator.
+Rejection sampling with per-request RNGs over the one flat forward's logits; each request's
+KV kept to anchor + accepted drafts, its tokens cut at EOS / ``max_tokens`` / stop strings
+(``decoding/stopping.py``) and streamed; the outcomes go to the drafter, the controller and
+the online confidence estimator.
 """
 
 from __future__ import annotations

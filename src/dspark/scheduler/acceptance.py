@@ -1,17 +1,9 @@
-"""Acceptance estimates and the best verification length: the controller's math (DESIGN §9).
+"""Acceptance estimates and the best verification length: the controller's math (DESIGN §9.0).
 
-Pure functions over plain numbers. A request's acceptance with one proposer is two rates,
-
-    e = P(draft 1 accepted),    q = P(draft k accepted | draft k − 1 accepted),  k ≥ 2,
-
-so verifying ``ℓ`` drafts is expected to accept ``E(ℓ) = e Σ_{k<ℓ} q^k`` of them. A round
-that verifies ``ℓ`` more drafts per request pays ``v(ℓ)`` more seconds of the step and
-``d`` seconds of drafting, which plain decoding would have spent making ``ρ·(d + v(ℓ))``
-tokens; the net gain in tokens is
-
-    G(ℓ) = E(ℓ) − ρ · (d + v(ℓ)),
-
-and a request drafts only where the best ``G`` is positive (:func:`best_length`).
+A request's acceptance with one proposer is ``e`` (first draft accepted) and ``q`` (a later
+draft accepted given the previous was): verifying ``ℓ`` drafts accepts ``E(ℓ) = e Σ_{k<ℓ} q^k``
+in expectation, and costs ``d + v(ℓ)`` seconds in which plain decoding makes ``ρ·(d + v(ℓ))``
+tokens, so its net gain is ``G(ℓ) = E(ℓ) − ρ·(d + v(ℓ))`` (:func:`best_length`).
 """
 
 from __future__ import annotations

@@ -1,36 +1,15 @@
-"""The speculation controller: per request and round, which proposer drafts and how far (DESIGN §9).
+"""The speculation controller: per request and round, which proposer drafts and how far (DESIGN §9.0).
 
-Its face is two calls. :meth:`Controller.plan` takes what each decoding request can do this
-round (an :class:`Offer`: the most drafts each proposer can offer it) and what a round
-costs (:class:`RoundCosts`), and returns a :class:`Spec` per request: a proposer or none
-(plain decoding), the most drafts to verify, and whether the round is a probe.
-:meth:`Controller.observe` takes what a round verified and accepted. Everything it knows
-lives here, in plain numbers keyed by request; the math is ``scheduler/acceptance.py``.
+Two calls: :meth:`Controller.plan` takes each decoding request's :class:`Offer` (the most
+drafts each proposer can offer it) and the round's :class:`RoundCosts`, and returns a
+:class:`Spec` per request (a proposer or none, a cap, whether it is a probe);
+:meth:`Controller.observe` takes what a round verified and accepted. Its state is plain
+numbers keyed by request; its math is ``scheduler/acceptance.py``. A request drafts with
+the proposer of the best positive net gain ``G = E(ℓ) − ρ·(d + v(ℓ))``, within five rules
+that DESIGN §9.0 defines and the methods below cite: shared calls (1), probes (2), shadows
+(3, the engine's part), exploring lengths (4) and first tries (5).
 
-A request drafts with the proposer of the best net gain ``G = E(ℓ) − ρ·(d + v(ℓ))`` where
-that is positive (:func:`~dspark.scheduler.acceptance.best_length`), its rates ``(e, q)``
-its own recent outcomes shrunk to the pooled rates of every request (so a new request
-starts from what the others saw). Beyond that, five rules:
-
-1. **Shared calls.** A drafter call also costs seconds per call, shared by the requests
-   drafting in it: the call runs only if their gains together repay it, judged on the
-   pool's upper confidence bound (:func:`~dspark.scheduler.acceptance.wilson_upper`) so
-   that a verdict from a few unlucky rounds is retried, not kept for good; the pool's
-   evidence ages while nobody drafts with it, widening the bound again. A call that runs
-   anyway (a probe) is joined by every request whose own gain pays.
-2. **Probes.** A request that does not draft with a proposer probes it now and then (a
-   short verification), the interval doubling while the verdict stands, and no sooner than
-   its expected cost in tokens allows at ``probe_budget`` of plain decoding's output.
-3. **Shadows.** A deterministic proposer (prompt lookup) is never probed: its proposal is
-   compared with what the request emitted afterwards, a free observation (the engine's
-   part, reported through :meth:`Controller.observe`).
-4. **Exploring lengths.** A drafting round verifies as far as pays with later drafts
-   accepted at the upper bound of ``q``: ``q`` is learnt only where rounds verify.
-5. **First tries.** Until any outcome of a proposer is in the pool, one request at a time
-   tries it (its first call is the costly one).
-
-Lossless: every choice reads the history only (past outcomes and seconds, and a
-deterministic proposal, itself a function of the history), never a draft it admits.
+Lossless: every choice reads the history only, never a draft it admits.
 """
 
 from __future__ import annotations

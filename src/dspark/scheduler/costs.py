@@ -1,23 +1,13 @@
-"""Step and drafting seconds, fitted online from what the engine observes (DESIGN §9).
+"""Step and drafting seconds, fitted online from what the engine observes (DESIGN §9.0).
 
-The SPS profile was measured once, under that moment's load; on a shared CPU the same
-forward can cost 1.5× more an hour later. So every engine step without prefill is a point
-of a decayed least-squares fit, with every coefficient kept ``>= 0``,
-
-    t̂(R, e) = a + c·R + b·e,
-
-``R`` the step's requests and ``e`` their verified rows beyond one each: a request's first
-row reads its whole KV cache and carries its sampling, the drafts it verifies reuse them,
-so ``c`` and ``b`` differ (tiny target at 16 requests: about 1.2 and 0.5 ms). Plain decoding
-then makes ``ρ = R / (a + c·R)`` tokens a second and verifying ``ℓ`` drafts adds
-``v(ℓ) = b·ℓ`` seconds per request, whatever the others verify. The profile is the prior:
-it prices alone before the first step, and afterwards holds the slopes where the steps seen
-do not tell them apart (a batch that never drafts never shows ``b``).
-
-A drafter call is fitted the same way against the requests drafting in it,
-``d0 + d1·n`` (:class:`DraftCosts`): ``d0`` per call, shared by the requests that draft
-together, ``d1`` per request. Only past seconds are read, never a draft: decisions priced
-with these keep the target's distribution.
+Every engine step without prefill is a point of a decayed non-negative least-squares fit
+``t̂(R, e) = a + c·R + b·e`` (``R`` requests, ``e`` verified rows beyond one each: a
+request's first row reads its KV cache and carries its sampling, its drafts reuse them), with
+the SPS profile as prior: it prices alone before the first step and holds the slopes the
+steps do not tell apart. Plain decoding makes ``ρ = R / (a + c·R)`` tokens a second;
+verifying ``ℓ`` drafts adds ``v(ℓ) = b·ℓ`` per request. A proposer's calls are fitted as
+``d0 + d1·n`` for ``n`` requests drafting together (:class:`DraftCosts`). Only past seconds
+are read, never a draft: lossless.
 """
 
 from __future__ import annotations
