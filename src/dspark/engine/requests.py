@@ -106,10 +106,9 @@ class Request:
     rounds: list[RoundLog] = field(default_factory=list)
     # (step index, confidences [K]) of the last few drafting rounds, for prefix-async
     confidence_history: deque = field(default_factory=lambda: deque(maxlen=4))
-    # the speculation controller (engine/speculation.py): this round's proposer and, for a
-    # deterministic one, its proposal; a pending shadow (proposer, generated count when made, tokens)
+    # the speculation controller (engine/speculation.py): this round's proposer, and a pending
+    # shadow of a deterministic one (proposer, generated count when made, tokens)
     proposer: str | None = None
-    proposal: list[int] | None = None
     shadow: tuple[str, int, list[int]] | None = None
     finish_reason: str | None = None
     text: str | None = None

@@ -64,12 +64,12 @@ class Speculation:
         self.catch_ups = DecayedFit(dims=1, memory=0.98)  # (tokens absorbed, seconds)
         self.update_s = 0.0  # a lazy model's update after its own round, per request (EMA)
         self.drafting_s = 0.0  # drafter seconds inside the current step (not the step's own)
+        self._proposed: dict[str, tuple[DraftBlock, dict[int, int]]] = {}  # this round's lookups
 
     # -- plan ---------------------------------------------------------------------------
 
     def plan(self, decoding: list, K: int) -> list[Spec]:
-        """Every decoding request's :class:`Spec` this round (its ``proposal`` set where a
-        deterministic proposer offered one)."""
+        """Every decoding request's :class:`Spec` this round."""
         budgets = [min(K, max(r.draft_budget, 0)) for r in decoding]
         proposals = self._deterministic_proposals(decoding, K)
         catch_up = self.catch_ups.fit() if self.catch_ups.weight and self.fixed_costs is None else None
@@ -86,23 +86,24 @@ class Speculation:
             offers.append(Offer(req.id, caps, extra))
         specs = self.controller.plan(offers, self._costs(len(decoding), K))
         for req, spec in zip(decoding, specs):
-            req.proposer, req.proposal = spec.proposer, None
+            req.proposer = spec.proposer
             for name, found in proposals.items():
                 proposal = found[req.id]
                 if spec.proposer == name:  # observed for real this round
-                    req.proposal = proposal[: spec.cap]
                     req.shadow = None if req.shadow and req.shadow[0] == name else req.shadow
                 elif req.shadow is None and proposal:  # rule 3: observed by its shadow
                     req.shadow = (name, len(req.generated), proposal)
         return specs
 
     def _deterministic_proposals(self, decoding: list, K: int) -> dict[str, dict[int, list[int]]]:
-        """Each deterministic proposer's proposal for every request (its seconds are the step's)."""
-        out = {}
+        """Each deterministic proposer's proposal for every request (its seconds are the step's);
+        its block is kept for :meth:`propose` (:attr:`_proposed`: block and row by request id)."""
+        out, self._proposed = {}, {}
         for name, traits in self.traits.items():
             if traits.deterministic and decoding:
                 states, params = [r.state for r in decoding], [r.params for r in decoding]
                 block = self.proposers[name].propose(states, K, params)
+                self._proposed[name] = (block, {r.id: i for i, r in enumerate(decoding)})
                 rows, lengths = block.tokens.tolist(), block.lengths.tolist()
                 out[name] = {r.id: row[:n] for r, row, n in zip(decoding, rows, lengths)}
         return out
@@ -147,8 +148,12 @@ class Speculation:
             chosen = [r for r, s in zip(decoding, specs) if s.proposer == name]
             if not chosen:
                 continue
-            if self.traits[name].deterministic:
-                parts.append((chosen, _one_hot_block([r.proposal for r in chosen], K)))
+            if self.traits[name].deterministic:  # its plan-time block, each row cut at its cap
+                block, rows = self._proposed[name]
+                index = torch.tensor([rows[r.id] for r in chosen])  # [n]
+                caps = torch.tensor([s.cap for r, s in zip(decoding, specs) if s.proposer == name])  # [n]
+                lengths = torch.minimum(block.lengths[index], caps)
+                parts.append((chosen, DraftBlock(tokens=block.tokens[index], lengths=lengths, probs=None)))
                 continue
             for req in chosen:  # rows of rounds it was not told about
                 req.sync_features()
@@ -211,14 +216,6 @@ class Speculation:
 
     def forget(self, req) -> None:
         self.controller.forget(req.id)
-
-
-def _one_hot_block(proposals: list[list[int]], K: int) -> DraftBlock:
-    tokens = torch.zeros(len(proposals), K, dtype=torch.long)  # [n, K]
-    lengths = torch.tensor([len(p) for p in proposals], dtype=torch.long)  # [n]
-    for i, found in enumerate(proposals):
-        tokens[i, : len(found)] = torch.tensor(found, dtype=torch.long)
-    return DraftBlock(tokens=tokens, lengths=lengths, probs=None)
 
 
 def merge_blocks(
