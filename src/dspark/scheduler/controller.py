@@ -55,6 +55,10 @@ class Offer:
     caps: Mapping[str, int]
     extra_s: Mapping[str, float] = field(default_factory=dict)
 
+    def draft_s(self, proposer: str, costs: RoundCosts) -> float:
+        """Drafting seconds this request adds with ``proposer``: its price per request, and its own extra."""
+        return costs.draft_s.get(proposer, 0.0) + self.extra_s.get(proposer, 0.0)
+
 
 @dataclass(frozen=True)
 class RoundCosts:
@@ -167,7 +171,7 @@ class Controller:
         for p, cap in offer.caps.items():
             if cap >= 1:
                 e, q, _ = self.rates(offer.key, p)
-                draft_s = costs.draft_s.get(p, 0.0) + offer.extra_s.get(p, 0.0)
+                draft_s = offer.draft_s(p, costs)
                 out[p] = best_length(e, q, cap, verify_s=costs.verify_s, rho=costs.rho, draft_s=draft_s)
         return out
 
@@ -179,7 +183,7 @@ class Controller:
             if p not in own:
                 continue
             e, q, _ = self.rates(offer.key, p, bound=True)
-            draft_s = costs.draft_s.get(p, 0.0) + offer.extra_s.get(p, 0.0)
+            draft_s = offer.draft_s(p, costs)
             g = best_length(e, q, offer.caps[p], verify_s=costs.verify_s, rho=costs.rho, draft_s=draft_s)[0]
             if g > 0 and g >= max((v for n, (v, _) in own.items() if n != p), default=-math.inf):
                 total += g
@@ -219,7 +223,7 @@ class Controller:
         """Rounds without drafting before a probe of ``p`` is due: the probe clock, and its cost
         spread over them at ``probe_budget`` of plain decoding's tokens."""
         e, q, _ = self.rates(offer.key, p)
-        draft_s = costs.draft_s.get(p, 0.0) + offer.extra_s.get(p, 0.0) + costs.call_s.get(p, 0.0)
+        draft_s = offer.draft_s(p, costs) + costs.call_s.get(p, 0.0)
         length = min(offer.caps[p], self.config.probe_length)
         cost = probe_cost(e, q, length, verify_s=costs.verify_s, rho=costs.rho, draft_s=draft_s)
         return max(self._state(offer.key).interval, cost / self.config.probe_budget)
