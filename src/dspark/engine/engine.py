@@ -200,7 +200,7 @@ class Engine:
         """
         started = time.perf_counter()
         spec = self.speculation
-        priced_started = spec.clock() if spec is not None else 0.0  # what its prices are timed on
+        priced_started = spec.start_step() if spec is not None else 0.0  # what its prices are timed on
         while self._queue and self.kv.num_free:
             req = self._queue.popleft()
             self.kv.allocate(req.id)

@@ -208,11 +208,15 @@ class Speculation:
                 self.controller.observe(req.id, name, *outcome)
                 req.shadow = None
 
+    def start_step(self) -> float:
+        """A step begins: the drafting seconds inside it count from zero. Returns :attr:`clock`."""
+        self.drafting_s = 0.0  # a step with prefill is not observed: its drafting must not carry over
+        return self.clock()
+
     def observe_step(self, num_requests: int, num_rows: int, seconds: float) -> None:
         """A step without prefill took ``seconds`` on :attr:`clock`; the drafters' part is drafting's."""
-        seconds, self.drafting_s = seconds - self.drafting_s, 0.0
         if self.fixed_costs is None:
-            self.steps.observe(num_requests, num_rows, seconds)
+            self.steps.observe(num_requests, num_rows, seconds - self.drafting_s)
 
     def forget(self, req) -> None:
         self.controller.forget(req.id)

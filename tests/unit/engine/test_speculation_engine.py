@@ -232,6 +232,21 @@ def test_the_engine_reports_its_decode_steps_to_the_prices_unless_timing_is_fixe
     assert fixed.speculation.steps.steps.weight == 0 and not fixed.speculation.calls[MODEL].observed
 
 
+def test_drafting_inside_an_unobserved_step_does_not_reach_the_next_steps_price(target, sps):
+    """A step with prefill is not a point of the step-cost fit; the drafting seconds spent inside
+    it (a new request's catch-up, say) must not be subtracted from the next observed step
+    (they made its seconds negative and bent the fit for a whole run)."""
+    from .test_engine_drafters import build
+
+    spec = Speculation(build("dflash", target), VOCAB, 4, sps)
+    spec.start_step()
+    spec.drafting_s += 0.25  # drafting inside a step with prefill, which is not observed
+    spec.start_step()
+    spec.drafting_s += 0.002  # this step's own drafting
+    spec.observe_step(2, 2, 0.012)
+    assert spec.steps.steps.mean(3) == pytest.approx(0.010)  # the step's own seconds, less its own drafting
+
+
 def test_backbone_drafters_catch_up_lazily_and_the_catch_up_is_priced(target, sps):
     """DFlash, DSpark and Eagle3 are lazy (``DrafterTraits.lazy``): told only about their own rounds.
     Drafting with the model now costs a request the absorption of every token it has not seen
