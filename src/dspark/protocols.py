@@ -211,11 +211,12 @@ def drafter_traits(drafter: Drafter) -> DrafterTraits:
 @runtime_checkable
 class TrainableDrafter(Drafter, Protocol):
     """A drafter the trainer can train (DESIGN §6): built for a target from a frozen config,
-    it predicts blocks from a :class:`TrainBatch` and scores them with its own objective.
+    it predicts blocks from a :class:`TrainBatch`.
 
     ``config`` is the frozen config dataclass that :mod:`dspark.drafters.kinds` writes to
-    and reads from ``config.json``; ``loss`` returns a ``dspark.drafters.objective.LossOutput``
-    (``loss`` plus detached metrics).
+    and reads from ``config.json``; its ``objective`` (a
+    ``dspark.drafters.objective_config.ObjectiveConfig``) says what the trainer minimises, and
+    the trainer computes it on the output of ``forward_train`` (``dspark.training.objective``).
     """
 
     config: Any
@@ -227,10 +228,6 @@ class TrainableDrafter(Drafter, Protocol):
 
     def forward_train(self, batch: TrainBatch) -> TrainOutput:
         """Block predictions ``[B, A, K, V]`` for the anchors of ``batch``."""
-        ...
-
-    def loss(self, out: TrainOutput) -> Any:
-        """The drafter's training objective on its own predictions."""
         ...
 
 
@@ -288,7 +285,7 @@ class SlotFactors:
     ``draft[s] = softcap(hidden[s] · headᵀ + low_rank_u[s] · low_rank_wᵀ)`` and
     ``target[s] = softcap(target_rows[target_index[s]] · headᵀ)``. A loss can then work
     through the slots in chunks and never hold ``[B, A, K, V]`` tensors
-    (:mod:`dspark.drafters.chunked_objective`); :meth:`draft_logits` /
+    (:mod:`dspark.training.chunked_objective`); :meth:`draft_logits` /
     :meth:`target_logits` materialize them for the dense reference path.
     """
 

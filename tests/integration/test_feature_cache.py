@@ -18,6 +18,7 @@ from dspark.data.estimate import estimate_cache
 from dspark.data.samples import ShardedSampler, TrainDataset, collate, tokenize_records
 from dspark.targets import TargetAdapter
 from dspark.training.feature_cache import build_cache
+from dspark.training.objective import drafter_loss
 from dspark.training.online import anchor_generator, target_batch
 from tests.unit.data.tiny_chat_target import build_tiny_chat_target, mask_token_id
 
@@ -206,7 +207,7 @@ def test_training_from_cache_equals_online(target, records, fp32_cache):
                 else:
                     tb = collate([dataset[j] for j in mb.indices], pad)
                     batch = target_batch(target, tb.input_ids, tb.loss_mask, num_anchors=6, generator=gen)
-                loss = drafter.loss(drafter.forward_train(batch)).loss / 2
+                loss = drafter_loss(drafter.config, drafter.forward_train(batch)).loss / 2
                 loss.backward()
                 total += float(loss.detach())
             opt.step()

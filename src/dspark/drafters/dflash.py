@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from dspark.drafters.backbone import BackboneDrafter, hold_backbone
 from dspark.drafters.blocks import batch_layout, pack_blocks
 from dspark.drafters.common import DecoderDims, build_from_target
-from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, dflash_objective
+from dspark.drafters.objective_config import ObjectiveConfig, dflash_objective
 from dspark.drafters.request_state import assert_states, draw_drafts
 from dspark.drafters.tree import SlotScores, build_trees
 from dspark.protocols import DraftBlock, SamplingParams, SequenceState, TrainBatch, TrainOutput
@@ -74,9 +74,6 @@ class DFlashDrafter(BackboneDrafter, nn.Module):
             valid=blocks.valid.unsqueeze(0),
             factors=self.backbone.slot_factors(h, batch, blocks),
         )
-
-    def loss(self, out: TrainOutput) -> LossOutput:
-        return compute_loss(out, self.config.objective)
 
     def update(self, state: SequenceState, num_accepted: int, new_features: Tensor | None) -> None:
         """Absorb a verified round (:meth:`~dspark.drafters.backbone.DFlashBackbone.update`)."""

@@ -11,7 +11,7 @@ Stored in the drafter as the buffer ``draft_ids [N]`` (ascending target ids). vL
 checkpoints hold ``d2t [N]`` as offsets (``target = draft + d2t[draft]``) and ``t2d [V]``
 as a bool mask of the kept target ids (:func:`engine_tables`).
 
-Training against the target over the reduced vocabulary (:mod:`dspark.drafters.objective`):
+Training against the target over the reduced vocabulary (:mod:`dspark.training.objective`):
 
 - TV (Eq. 10) is exact: ``‖p_d - q‖₁ = Σ_{v∈D} |p_d(v) - q(v)| + q(V∖D)``; the second term
   is the target mass the drafter can never propose (no gradient, but it lowers the

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from dspark.drafters.backbone import BackboneDrafter, DFlashBackbone, hold_backbone
 from dspark.drafters.blocks import batch_layout, pack_blocks
 from dspark.drafters.common import DecoderDims, build_from_target
-from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, dspark_objective
+from dspark.drafters.objective_config import ObjectiveConfig, dspark_objective
 from dspark.drafters.request_state import assert_states, draw_drafts
 from dspark.drafters.tree import SlotScores, build_trees
 from dspark.heads import MARKOV_HEAD_TYPES, ConfidenceHead, build_sequential_head, scale_confidence_logits
@@ -138,9 +138,6 @@ class DSparkDrafter(BackboneDrafter, nn.Module):
             confidences=confidences,
             factors=self.backbone.slot_factors(h, batch, blocks, low_rank),
         )
-
-    def loss(self, out: TrainOutput) -> LossOutput:
-        return compute_loss(out, self.config.objective)
 
     # -- inference ---------------------------------------------------------------------------
 

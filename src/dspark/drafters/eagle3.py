@@ -41,7 +41,7 @@ from dspark.drafters.common import (
     slot_factors,
 )
 from dspark.drafters.draft_vocab import register_draft_vocab
-from dspark.drafters.objective import LossOutput, ObjectiveConfig, compute_loss, eagle3_objective
+from dspark.drafters.objective_config import ObjectiveConfig, eagle3_objective
 from dspark.drafters.request_state import (
     assert_states,
     batch_context,
@@ -208,9 +208,6 @@ class Eagle3Drafter(nn.Module):
                 full_head=self.full_head,
             ),
         )
-
-    def loss(self, out: TrainOutput) -> LossOutput:
-        return compute_loss(out, self.config.objective)
 
     # -- inference ---------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """The draft-logit terms of the objective, chunk by chunk, with their gradients in closed form.
 
-DESIGN §6. The dense path (:func:`dspark.drafters.objective.compute_loss`
+DESIGN §6. The dense path (:func:`dspark.training.objective.compute_loss`
 on materialized logits) holds several ``[B, A, K, V]`` fp32 tensors through the
 backward pass: draft logits, log-probabilities, probabilities, the target's, the L1
 difference and autograd's saved copies. Here the slots go through in chunks; for each
@@ -11,7 +11,7 @@ the small inputs — the draft hidden state ``[.., H]`` and the sequential head'
 
 With ``z`` the draft logits of a slot, ``p = softmax(z)``, ``q`` the target's
 distribution, ``s = sign(p - q)`` and the slot's weight ``ω`` (position weight × valid,
-normalised as in :func:`~dspark.drafters.objective.weighted_mean`):
+normalised as in :func:`~dspark.training.objective.weighted_mean`):
 
 - CE (Eq. 9), ``-log p[x*]``:                 ``∂/∂z = p - e_{x*}``
 - soft CE (Eagle3), ``-Σ q log p``:            ``∂/∂z = p - q``

@@ -8,8 +8,9 @@ slot. Two weightings exist:
   writes γ);
 - geometric, ``w_k = r^(k-1)`` for Eagle3's training-time test (r = 0.8).
 
-A drafter's objective is data (:class:`ObjectiveConfig` in its config): which terms with
-which coefficients, so one function (:func:`compute_loss`) serves every method and no
+A drafter's objective is data (:class:`~dspark.drafters.objective_config.ObjectiveConfig`
+in its config): which terms with which coefficients, so one function (:func:`compute_loss`),
+called by the trainer on the drafter's ``forward_train`` output, serves every method and no
 code branches on a method name.
 """
 
@@ -21,54 +22,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dspark.drafters.chunked_objective import DEFAULT_BUDGET_BYTES, chunked_terms, draft_labels
+from dspark.drafters.objective_config import ObjectiveConfig
 from dspark.protocols import TrainOutput
 from dspark.sampling.rejection import acceptance_probability
+from dspark.training.chunked_objective import DEFAULT_BUDGET_BYTES, chunked_terms, draft_labels
 
 _EPS = 1e-6  # keeps log(c) and log(1 - c) finite for confidences saturated in fp32
-
-
-@dataclass(frozen=True, kw_only=True)
-class ObjectiveConfig:
-    """Coefficients of the loss terms and the position weighting of one drafter.
-
-    ``ce``: hard cross-entropy on the ground-truth token (Eq. 9); ``tv``: L1 distance
-    to the target distribution (Eq. 10); ``conf``: confidence BCE against the soft
-    acceptance label (Eq. 11); ``soft_ce``: cross-entropy against the full target
-    distribution (Eagle3). Exactly one of ``decay`` (δ) and ``geometric`` (r) is set.
-    """
-
-    ce: float = 0.0
-    tv: float = 0.0
-    conf: float = 0.0
-    soft_ce: float = 0.0
-    decay: float | None = 4.0
-    geometric: float | None = None
-
-    def __post_init__(self) -> None:
-        if (self.decay is None) == (self.geometric is None):
-            raise ValueError("set exactly one of decay (exp weighting) and geometric")
-        if self.decay is not None and self.decay <= 0:
-            raise ValueError(f"decay must be > 0, got {self.decay}")
-        if self.geometric is not None and not 0 < self.geometric <= 1:
-            raise ValueError(f"geometric must be in (0, 1], got {self.geometric}")
-        if min(self.ce, self.tv, self.conf, self.soft_ce) < 0:
-            raise ValueError("loss coefficients must be >= 0")
-
-
-def dspark_objective(decay: float = 4.0) -> ObjectiveConfig:
-    """``L = 0.1 L_ce + 0.9 L_tv + 1.0 L_conf`` (paper Eq. 12 defaults)."""
-    return ObjectiveConfig(ce=0.1, tv=0.9, conf=1.0, decay=decay)
-
-
-def dflash_objective(decay: float = 4.0) -> ObjectiveConfig:
-    """DFlash: position-weighted cross-entropy only."""
-    return ObjectiveConfig(ce=1.0, decay=decay)
-
-
-def eagle3_objective(geometric: float = 0.8) -> ObjectiveConfig:
-    """Eagle3: soft cross-entropy against the target distribution, step weight 0.8^k."""
-    return ObjectiveConfig(soft_ce=1.0, decay=None, geometric=geometric)
 
 
 # -- position weights and the one reduction -------------------------------------------
@@ -190,7 +149,7 @@ def compute_loss(
     The draft distribution is ``softmax(out.logits)`` (already Markov-corrected for
     DSpark), the target distribution ``softmax(out.target_logits)``; both at
     temperature 1. An output given as :class:`~dspark.protocols.SlotFactors` goes through
-    the chunked path (:mod:`dspark.drafters.chunked_objective`, same values and
+    the chunked path (:mod:`dspark.training.chunked_objective`, same values and
     gradients) within ``budget_bytes`` of V-sized tensors; dense logits take this one.
     """
     if out.factors is not None and not out.dense:
@@ -271,5 +230,5 @@ def _chunked_loss(out: TrainOutput, objective: ObjectiveConfig, budget_bytes: in
 
 
 def drafter_loss(config, out: TrainOutput) -> LossOutput:
-    """The loss of any drafter, from its config's ``objective`` (no method-name branching)."""
+    """The loss of a drafter whose config is ``config``, from its ``objective`` (no method-name branching)."""
     return compute_loss(out, config.objective)

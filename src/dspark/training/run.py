@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from dspark.data.samples import ShardedSampler, TrainDataset, collate
-from dspark.drafters.objective import ObjectiveConfig, compute_loss
+from dspark.drafters.objective_config import ObjectiveConfig
 from dspark.errors import DsparkError
 from dspark.targets.dtype import training_bf16
 from dspark.training import distributed, online
@@ -41,6 +41,7 @@ from dspark.training.config import NonFiniteLossError, TrainConfig
 from dspark.training.distributed import World
 from dspark.training.metrics_log import MetricMeans, flatten_metrics
 from dspark.training.numerics import flushing_denormals
+from dspark.training.objective import compute_loss
 from dspark.training.optimizer import param_groups
 from dspark.training.run_identity import (
     as_json,
@@ -60,19 +61,20 @@ OnlineEval = Callable[[nn.Module, int], Mapping[str, float]]
 
 
 class _Objective(nn.Module):
-    """The drafter's training forward and loss as one module call, so DDP/FSDP see the forward.
+    """The drafter's training forward and its loss as one module call, so DDP/FSDP see the forward.
 
-    ``objective``, when set, replaces the drafter's own (a CE-then-TV recipe's CE phase).
+    The loss is :func:`~dspark.training.objective.compute_loss` of the drafter's output under
+    ``objective``: the drafter's own (``config.objective``), or a recipe's CE phase in its place.
     """
 
     def __init__(self, drafter: nn.Module) -> None:
         super().__init__()
         self.drafter = drafter
-        self.objective: ObjectiveConfig | None = None
+        self.objective: ObjectiveConfig = drafter.config.objective
 
     def forward(self, batch) -> tuple[Tensor, Any]:
         out = self.drafter.forward_train(batch)
-        loss_out = self.drafter.loss(out) if self.objective is None else compute_loss(out, self.objective)
+        loss_out = compute_loss(out, self.objective)
         return loss_out.loss, loss_out  # the tensor visible, for DDP's graph traversal
 
 
@@ -151,8 +153,8 @@ class Trainer:
             self.model, _PREFIX, weight_decay=cfg.weight_decay, lr=cfg.lr, head_lr_mult=cfg.head_lr_mult
         )
         self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
-        self.objective = getattr(getattr(drafter, "config", None), "objective", None)
-        if cfg.ce_steps and not (self.objective is not None and self.objective.tv > 0):
+        self.objective: ObjectiveConfig = drafter.config.objective
+        if cfg.ce_steps and not self.objective.tv > 0:
             raise DsparkError(
                 f"ce_warmup_frac needs a drafter trained with the TV objective (DSpark); "
                 f"{type(drafter).__name__}'s objective has no TV term to warm up to"
@@ -190,7 +192,7 @@ class Trainer:
         micro = self.sampler.next_step()
         if self.cfg.ce_steps:  # CE first, then the drafter's own objective (schedule.objective_at)
             objective = objective_at(step, ce_steps=self.cfg.ce_steps, objective=self.objective)
-            distributed.unwrap(self.model).objective = None if objective is self.objective else objective
+            distributed.unwrap(self.model).objective = objective
         loss_sum, tokens = torch.zeros((), dtype=torch.float64, device=self.world.device), 0
         for i, mb in enumerate(micro):
             generator = online.anchor_generator(self.cfg.seed, step, mb.chunk)

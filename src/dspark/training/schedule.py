@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from dspark.drafters.objective import ObjectiveConfig
+from dspark.drafters.objective_config import ObjectiveConfig
 
 
 def lr_multiplier(step: int, *, total_steps: int, warmup_steps: int, min_lr_ratio: float = 0.0) -> float:

@@ -4,8 +4,9 @@ One optimizer step = ``global_batch_size`` samples = micro-batches of
 ``micro_batch_size`` spread over ``world_size`` processes and ``accumulation`` backward
 passes per process (``global = micro × accumulation × world``). Per micro-batch: the
 target's features (:mod:`~dspark.training.online`), the drafter's ``forward_train`` and
-``loss``; the step's objective is the mean of the micro-batch losses, so for a fixed
-micro-batch size the update does not depend on the number of processes.
+the loss of its output (:mod:`~dspark.training.objective`); the step's objective is the
+mean of the micro-batch losses, so for a fixed micro-batch size the update does not
+depend on the number of processes.
 
 Then: the global loss and gradient norm are checked — a non-finite one stops the run
 *before* the optimizer touches the weights — gradients are clipped, AdamW steps on the
@@ -15,10 +16,11 @@ Checkpoints (:mod:`~dspark.training.checkpoint`) resume bit for bit on CPU fp32.
 :class:`~dspark.training.run.Trainer` holds the run's state and its step; this module
 holds the loop (:func:`train`) and re-exports the names callers import from here.
 
-The drafter contract used here: an ``nn.Module`` with ``config`` (a dataclass),
-``target_layer_ids``, ``forward_train(TrainBatch) -> TrainOutput`` and
-``loss(TrainOutput) -> LossOutput``, a dataclass whose ``loss`` field is the scalar
-objective and whose other fields are metrics (:func:`metrics_log.flatten_metrics`).
+The drafter contract used here: an ``nn.Module`` with ``config`` (a dataclass whose
+``objective`` is an :class:`~dspark.drafters.objective_config.ObjectiveConfig`),
+``target_layer_ids`` and ``forward_train(TrainBatch) -> TrainOutput``. The trainer scores the
+output with :func:`~dspark.training.objective.compute_loss`, whose ``LossOutput`` holds the
+scalar objective and the metrics it logs (:func:`metrics_log.flatten_metrics`).
 """
 
 from __future__ import annotations

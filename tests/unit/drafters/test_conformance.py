@@ -13,6 +13,7 @@ import torch
 
 from dspark.decoding import speculative_generate
 from dspark.protocols import SamplingParams
+from dspark.training.objective import drafter_loss
 
 from .builders import DRAFTERS, build, make_batch, prompt
 
@@ -44,7 +45,7 @@ def fit_to_target(drafter, target, steps: int = 30):
     opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=1e-2)
     first = None
     for _ in range(steps):
-        loss = drafter.loss(drafter.forward_train(batch)).loss
+        loss = drafter_loss(drafter.config, drafter.forward_train(batch)).loss
         first = loss.item() if first is None else first
         opt.zero_grad()
         loss.backward()

@@ -24,8 +24,9 @@ from dspark.drafters.draft_vocab import (
     most_frequent_tokens,
     target_to_draft,
 )
-from dspark.drafters.objective import compute_loss, dspark_objective, eagle3_objective, l1_distance
+from dspark.drafters.objective_config import dspark_objective, eagle3_objective
 from dspark.protocols import SamplingParams, TrainOutput
+from dspark.training.objective import compute_loss, l1_distance
 
 from .builders import BLOCK, CONFIGS, DRAFTERS, make_batch, make_state, prompt
 

@@ -16,9 +16,9 @@ import torch
 from dspark.drafters.attention import PackedBlockMask, attend, attend_packed_blocks
 from dspark.drafters.blocks import PAD_ANCHOR, batch_layout
 from dspark.drafters.common import draft_rope
-from dspark.drafters.objective import compute_loss
 from dspark.protocols import TrainBatch, TrainOutput
 from dspark.targets import TargetAdapter
+from dspark.training.objective import compute_loss
 from tests.unit.drafters.builders import DRAFTERS, build, make_batch, prompt
 
 

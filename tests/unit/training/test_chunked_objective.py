@@ -13,9 +13,10 @@ import dataclasses
 import pytest
 import torch
 
-from dspark.drafters.chunked_objective import chunk_slots
-from dspark.drafters.objective import compute_loss, dflash_objective, dspark_objective, eagle3_objective
+from dspark.drafters.objective_config import dflash_objective, dspark_objective, eagle3_objective
 from dspark.protocols import SlotFactors, TrainOutput
+from dspark.training.chunked_objective import chunk_slots
+from dspark.training.objective import compute_loss
 
 B, A, K, H, V, R, U = 2, 3, 4, 16, 50, 5, 9
 TINY_BUDGET = 3 * V * 4 * 8  # chunk_slots(V, TINY_BUDGET) == 3

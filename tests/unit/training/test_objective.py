@@ -10,8 +10,9 @@ import torch
 from dspark.drafters.dflash import DFlashConfig
 from dspark.drafters.dspark import DSparkConfig
 from dspark.drafters.eagle3 import Eagle3Config
-from dspark.drafters.objective import (
-    ObjectiveConfig,
+from dspark.drafters.objective_config import ObjectiveConfig
+from dspark.protocols import TrainOutput
+from dspark.training.objective import (
     binary_cross_entropy,
     compute_loss,
     cross_entropy,
@@ -23,7 +24,6 @@ from dspark.drafters.objective import (
     soft_cross_entropy,
     weighted_mean,
 )
-from dspark.protocols import TrainOutput
 
 LOG = math.log
 

@@ -11,6 +11,7 @@ from dspark.drafters.dspark import DSparkConfig, DSparkDrafter
 from dspark.drafters.eagle3 import Eagle3Config, Eagle3Drafter
 from dspark.errors import DsparkError
 from dspark.training import online
+from dspark.training.objective import drafter_loss
 from dspark.training.trainer import TrainConfig, Trainer
 from dspark.training.trainer import train as run_training
 
@@ -35,7 +36,7 @@ def target():
 
 def _loss_and_grads(drafter, batch):
     drafter.zero_grad(set_to_none=True)
-    loss = drafter.loss(drafter.forward_train(batch)).loss
+    loss = drafter_loss(drafter.config, drafter.forward_train(batch)).loss
     loss.backward()
     return loss.detach(), {n: p.grad.clone() for n, p in drafter.named_parameters() if p.grad is not None}
 
@@ -67,7 +68,7 @@ def test_activation_checkpointing_really_recomputes(target):
     for flag, expected in ((False, 1), (True, 2)):
         calls.clear()
         drafter.backbone.activation_checkpointing = flag
-        drafter.loss(drafter.forward_train(batch)).loss.backward()
+        drafter_loss(drafter.config, drafter.forward_train(batch)).loss.backward()
         assert len(calls) == expected
 
 

@@ -11,7 +11,7 @@ import torch
 from dspark.drafters.dflash import DFlashConfig, DFlashDrafter
 from dspark.drafters.dspark import DSparkConfig, DSparkDrafter
 from dspark.drafters.eagle3 import Eagle3Config, Eagle3Drafter
-from dspark.drafters.objective import dspark_objective
+from dspark.drafters.objective_config import dspark_objective
 from dspark.errors import DsparkError
 from dspark.formats.folder import save_drafter
 from dspark.training.checkpoint import config_differences, load_checkpoint

@@ -104,9 +104,10 @@ def test_metrics_have_loss_terms_and_online_eval_beside_expected_tau(tmp_path, t
     assert calls == [(2, False, False), (4, False, False)]  # eval mode, no grad
     for step in (2, 4):
         assert records[step]["eval/tau"] == 2.5 and "expected_tau" in records[step]
-    for key in ("loss", "mse", "lr", "grad_norm", "tokens_per_s", "acceptance/1", "acceptance/2"):
+    for key in ("loss", "ce", "tv", "lr", "grad_norm", "tokens_per_s", "acceptance/1", "expected_tau"):
         assert key in records[3], key
-    assert records[3]["acceptance/2"] == pytest.approx(records[3]["acceptance/1"] / 2)
+    assert "conf" not in records[3] and "soft_ce" not in records[3]  # terms the objective leaves out
+    assert records[3]["expected_tau"] == pytest.approx(1 + records[3]["acceptance/1"])  # one slot
 
 
 # -- exact resume ---------------------------------------------------------------------------

@@ -1,22 +1,22 @@
 """A stand-in drafter and data for trainer tests, independent of the real drafters.
 
-It honours the trainer's contract (``config``, ``target_layer_ids``,
-``forward_train``, ``loss`` returning a dataclass with a ``loss`` field), has a frozen
-part, matrices and vectors (weight decay groups), and per-position metrics. Every
-sample has the same length and mask, so a micro-batch's loss normaliser does not depend
-on how the global batch is cut: a 1-process and a 2-process run compute the same
-objective exactly.
+It honours the trainer's contract (``config`` with an ``objective``, ``target_layer_ids``,
+``forward_train``: one slot per position, which the trainer's ``compute_loss`` scores), has
+a frozen part, matrices and vectors (weight decay groups). Every sample has the same length
+and mask, so a micro-batch's loss normaliser does not depend on how the global batch is
+cut: a 1-process and a 2-process run compute the same objective exactly.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from dspark.data.samples import TrainSample
+from dspark.drafters.objective_config import ObjectiveConfig
 from dspark.protocols import TrainBatch, TrainOutput
 from dspark.targets import TargetAdapter
 
@@ -46,20 +46,7 @@ class ToyConfig:
     block_size: int = 2
     target_layer_ids: tuple[int, ...] = (0, 2)
     dropout: float = 0.0
-
-
-@dataclass(frozen=True)
-class ToyMetrics:
-    acceptance: Tensor  # [K]
-    expected_tau: float
-
-
-@dataclass(frozen=True)
-class ToyLoss:
-    loss: Tensor
-    mse: Tensor
-    ce: Tensor | None
-    metrics: ToyMetrics
+    objective: ObjectiveConfig = field(default_factory=lambda: ObjectiveConfig(ce=0.5, tv=1.0))
 
 
 class ToyDrafter(nn.Module):
@@ -102,14 +89,3 @@ class ToyDrafter(nn.Module):
             target_logits=self.lm_head(batch.target_hidden).unsqueeze(2),  # [B, T, 1, V]
             valid=batch.loss_mask.unsqueeze(-1),
         )
-
-    def loss(self, out: TrainOutput) -> ToyLoss:
-        valid = out.valid.float()  # [B, T, 1]
-        mse = ((out.logits - out.target_logits) ** 2).mean(-1)  # [B, T, 1]
-        mse = (mse * valid).sum() / valid.sum()
-        with torch.no_grad():
-            p_d, p_t = out.logits.softmax(-1), out.target_logits.softmax(-1)
-            accept = 1 - 0.5 * (p_d - p_t).abs().sum(-1)  # [B, T, 1]
-            acc = (accept * valid).sum() / valid.sum()
-        acceptance = torch.stack([acc, acc * 0.5])
-        return ToyLoss(mse, mse.detach(), None, ToyMetrics(acceptance, 1.0 + float(acc)))

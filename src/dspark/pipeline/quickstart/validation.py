@@ -21,6 +21,7 @@ from dspark.data.samples import collate, tokenize_records
 from dspark.formats.folder import load_drafter
 from dspark.protocols import TrainBatch
 from dspark.training.numerics import flushing_denormals
+from dspark.training.objective import drafter_loss
 from dspark.training.online import check_feature_layers, target_batch
 from dspark.training.run_identity import pad_id
 
@@ -57,7 +58,8 @@ def expected_tau(drafter, target, batches: Sequence[TrainBatch]) -> float:
     with flushing_denormals(True):
         for batch in batches:
             out = drafter.forward_train(batch)
-            parts.append((drafter.loss(out).metrics.acceptance, out.valid.flatten(0, -2).sum(0)))
+            acceptance = drafter_loss(drafter.config, out).metrics.acceptance  # [K]
+            parts.append((acceptance, out.valid.flatten(0, -2).sum(0)))
     total = sum(count for _, count in parts)
     per_pos = sum(torch.nan_to_num(a) * count for a, count in parts) / total.clamp_min(1)  # [K]
     return 1.0 + float(per_pos.cumprod(0).sum())
