@@ -11,7 +11,7 @@ import json
 import pytest
 
 from dspark.cli import main
-from dspark.pipeline.campaign.plan import METHODS
+from dspark.pipeline.presets import METHODS
 from dspark.pipeline.stages import Stages
 
 ARGS = ["--prompts", "8", "--epochs", "2", "--eval-prompts", "1", "--eval-max-tokens", "16", "--no-progress"]

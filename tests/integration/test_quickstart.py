@@ -15,9 +15,11 @@ import pytest
 from dspark.cli import main
 from dspark.formats.shipped import shipped_root
 from dspark.formats.shipped_record import MEASURE, RECORD, ShippedCurve, ShippedRecord
+from dspark.pipeline.presets import METHODS, quickstart_plan
 from dspark.pipeline.quickstart.pipeline import REFERENCES
-from dspark.pipeline.quickstart.plan import FAST, METHODS
 from dspark.pipeline.stages import Stages
+
+FAST = quickstart_plan(fast=True)
 
 STAGES = ["regenerate", *(f"train-{m}" for m in METHODS), "calibrate", "validation", "eval", "serve"]
 CURVE = ShippedCurve(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from dspark.commands.options import add_force, add_no_progress
 from dspark.errors import DsparkError
-from dspark.pipeline.campaign.plan import METHODS, PLANS
+from dspark.pipeline.presets import METHODS, campaign_plans
 from dspark.user_cache import cache_root
 
 
@@ -23,7 +23,10 @@ def default_root() -> Path:
 def add_campaign_args(p: argparse.ArgumentParser) -> None:
 
     p.add_argument(
-        "--target", default="tiny", choices=sorted(PLANS), help="the target whose drafters to train"
+        "--target",
+        default="tiny",
+        choices=sorted(campaign_plans()),
+        help="the target whose drafters to train",
     )
     p.add_argument(
         "--out",
@@ -104,7 +107,7 @@ def main_campaign(args: argparse.Namespace) -> int:
         raise DsparkError(str(e)) from None
     if args.sweep_epochs is not None and not args.sweep_epochs > 0:
         raise DsparkError(f"--sweep-epochs must be > 0, got {args.sweep_epochs}")
-    plan = PLANS[args.target]
+    plan = campaign_plans()[args.target]
     changes = {
         k: v
         for k, v in (

@@ -52,12 +52,13 @@ def main_quickstart(args: argparse.Namespace) -> int:
     from their learning curves how many more steps the trained ones would need to reach
     them. No network, no GPU.
     """
-    from dspark.pipeline.quickstart import FAST, FULL, run_quickstart
+    from dspark.pipeline.presets import quickstart_plan
+    from dspark.pipeline.quickstart import run_quickstart
     from dspark.pipeline.quickstart.report import headline_lines
 
     if args.shipped is not None and not args.shipped.is_dir():
         raise DsparkError(f"--shipped {args.shipped}: no such folder")
-    plan = FAST if args.fast else FULL
+    plan = quickstart_plan(args.fast)
     out = args.out or Path("runs") / ("quickstart-fast" if args.fast else "quickstart")
     report = run_quickstart(
         plan,

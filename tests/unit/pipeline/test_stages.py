@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dspark.pipeline.quickstart.plan import FAST, FULL
+from dspark.pipeline.presets import quickstart_plan
 from dspark.pipeline.stages import Stages
 
 
@@ -67,8 +67,9 @@ def test_a_corrupt_marker_means_not_done(tmp_path):
 
 def test_plans_differ_in_every_stage_key():
     for fields in (("train_prompts",), ("train_steps", "batch_size"), ("eval_prompts",), ("serve_policies",)):
-        assert FAST.part(*fields) != FULL.part(*fields)
-    assert FULL.part("serve_policies") == {"serve_policies": list(FULL.serve_policies)}
+        assert quickstart_plan(fast=True).part(*fields) != quickstart_plan(fast=False).part(*fields)
+    full = quickstart_plan(fast=False)
+    assert full.part("serve_policies") == {"serve_policies": list(full.serve_policies)}
 
 
 def _slow_stage(root, started, release):

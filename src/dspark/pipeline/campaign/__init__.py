@@ -1,6 +1,5 @@
 """The drafter campaign: from a target to converged, evaluated drafters in one resumable command."""
 
-from dspark.pipeline.campaign.plan import PLANS, CampaignPlan
 from dspark.pipeline.campaign.plateau import plateaued
 
-__all__ = ["PLANS", "CampaignPlan", "plateaued"]
+__all__ = ["plateaued"]

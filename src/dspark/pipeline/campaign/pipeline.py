@@ -42,11 +42,11 @@ from dspark.eval.report import write_eval_report
 from dspark.eval.runner import EvalConfig, run_eval
 from dspark.formats.build import build_drafter
 from dspark.formats.folder import file_sha256, load_drafter
-from dspark.pipeline.campaign.plan import METHODS, CampaignPlan
 from dspark.pipeline.campaign.plateau import plateaued
 from dspark.pipeline.campaign.progress import plot_learning_curves
 from dspark.pipeline.campaign.prompts import synthetic_prompts
 from dspark.pipeline.campaign.sweeps import run_sweep
+from dspark.pipeline.presets import METHODS, CampaignPlan
 from dspark.pipeline.quickstart.validation import expected_tau
 from dspark.pipeline.stages import Stages, claim_run_folder
 from dspark.presets import drafters as presets

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark.eval.plots import plt, save_figure
-from dspark.pipeline.campaign.plan import METHODS
+from dspark.pipeline.presets import METHODS
 
 
 @dataclass

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dspark.formats.folder import load_drafter
-from dspark.pipeline.campaign.plan import METHODS, CampaignPlan
+from dspark.pipeline.presets import METHODS, CampaignPlan
 from dspark.pipeline.sweeps import SweepResult, Variant, sweep_points, write_sweep_report
 from dspark.presets import drafters as presets
 

@@ -7,6 +7,5 @@ its outputs and a marker under the run folder; a rerun skips the finished stages
 """
 
 from dspark.pipeline.quickstart.pipeline import run_quickstart
-from dspark.pipeline.quickstart.plan import FAST, FULL, QuickstartPlan
 
-__all__ = ["FAST", "FULL", "QuickstartPlan", "run_quickstart"]
+__all__ = ["run_quickstart"]

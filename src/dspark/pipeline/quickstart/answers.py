@@ -10,7 +10,7 @@ from typing import Any
 from dspark.data.prompts import Prompt
 from dspark.data.regenerate import InProcessBackend, RegenerateConfig, regenerate
 from dspark.errors import DsparkError
-from dspark.pipeline.quickstart.plan import DOMAINS
+from dspark.pipeline.presets import DOMAINS
 from dspark.protocols import SamplingParams
 from dspark.tiny.corpus import training_records
 

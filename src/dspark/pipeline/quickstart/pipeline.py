@@ -32,8 +32,8 @@ from dspark.eval.runner import EvalConfig, run_eval
 from dspark.formats.build import build_drafter
 from dspark.formats.folder import file_sha256, load_drafter
 from dspark.pipeline.calibrate import calibrate_drafter
+from dspark.pipeline.presets import DOMAINS, METHODS, QuickstartPlan
 from dspark.pipeline.quickstart.answers import answer, errors_file, mean_tokens, summary_of, training_prompts
-from dspark.pipeline.quickstart.plan import DOMAINS, METHODS, QuickstartPlan
 from dspark.pipeline.quickstart.references import REFERENCES, shipped_references
 from dspark.pipeline.quickstart.report import write_report
 from dspark.pipeline.quickstart.validation import read_samples, score_folders

@@ -14,7 +14,7 @@ from pathlib import Path
 from dspark.errors import DsparkError
 from dspark.formats.shipped import shipped_drafter_dir
 from dspark.formats.shipped_record import ShippedRecord, read_records
-from dspark.pipeline.quickstart.plan import METHODS
+from dspark.pipeline.presets import METHODS
 
 REFERENCES = ("ngram", "dspark-shipped")  # eval rows present in every run
 SUFFIX = "-shipped"

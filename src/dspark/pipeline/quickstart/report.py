@@ -11,8 +11,8 @@ from typing import Any
 from dspark.conditions import RunConditions, machine_busy
 from dspark.conditions import markdown as conditions_markdown
 from dspark.eval.report import md_table
+from dspark.pipeline.presets import DOMAINS, METHODS, QuickstartPlan
 from dspark.pipeline.quickstart import comparison
-from dspark.pipeline.quickstart.plan import DOMAINS, METHODS, QuickstartPlan
 from dspark.pipeline.quickstart.references import is_reference
 from dspark.pipeline.quickstart.verdicts import (
     BEYOND_TAU,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import collections
 
 from dspark.pipeline.campaign.pipeline import training_prompts
-from dspark.pipeline.campaign.plan import PLANS
 from dspark.pipeline.campaign.prompts import synthetic_prompts
+from dspark.pipeline.presets import campaign_plans
 
 
 def test_synthetic_prompts_are_deterministic_distinct_and_balanced():
@@ -20,6 +20,6 @@ def test_synthetic_prompts_are_deterministic_distinct_and_balanced():
 
 
 def test_each_plan_has_its_prompt_source():
-    assert training_prompts(PLANS["tiny"])[0].source.startswith("tiny-corpus:")
-    smol = training_prompts(PLANS["smollm2"])
-    assert len(smol) == PLANS["smollm2"].prompts and smol[0].source.startswith("synthetic:")
+    assert training_prompts(campaign_plans()["tiny"])[0].source.startswith("tiny-corpus:")
+    smol = training_prompts(campaign_plans()["smollm2"])
+    assert len(smol) == campaign_plans()["smollm2"].prompts and smol[0].source.startswith("synthetic:")

@@ -6,7 +6,6 @@ import dataclasses
 
 import pytest
 
-from dspark.pipeline.campaign.plan import PLANS
 from dspark.pipeline.campaign.sweeps import (
     parse_sweeps,
     reused_method,
@@ -14,9 +13,10 @@ from dspark.pipeline.campaign.sweeps import (
     sweep_variants,
     training_order,
 )
+from dspark.pipeline.presets import campaign_plans
 from dspark.presets import drafters as presets
 
-PLAN = PLANS["tiny"]
+PLAN = campaign_plans()["tiny"]
 BASES = {"dspark": presets.dspark_tiny(), "dflash": presets.dflash_tiny()}
 
 

@@ -8,10 +8,12 @@ import shutil
 
 from dspark.formats.shipped import shipped_root
 from dspark.formats.shipped_record import MEASURE, RECORD, ShippedCurve, ShippedRecord
-from dspark.pipeline.quickstart.plan import DOMAINS, FAST, METHODS
+from dspark.pipeline.presets import DOMAINS, METHODS, quickstart_plan
 from dspark.pipeline.quickstart.references import shipped_references
 from dspark.pipeline.quickstart.report import headline_lines, write_report
 from dspark.pipeline.stages import StageLog
+
+FAST = quickstart_plan(fast=True)
 
 CURVE = ShippedCurve(
     measure=MEASURE, tokens_per_step=1000.0, steps=(100, 200, 400, 800), expected_tau=(1.5, 2.0, 2.5, 3.0)
