@@ -9,6 +9,8 @@ from pathlib import Path
 
 from dspark.drafters.registry import available
 
+TINY_CORPUS = "tiny-corpus"  # the tiny target's own training corpus: a name ``--data`` takes besides files
+
 
 def _checked(text: str, convert, ok, expected: str):
     """``convert(text)`` if it parses and ``ok`` accepts it, else a usage error naming ``expected``."""
@@ -83,15 +85,34 @@ def drafter_spec(text: str) -> str:
     )
 
 
-def prompt_sets(text: str) -> str:
-    """``--bench`` / ``--prompts``: comma-separated names, ``hf:NAME`` or JSONL files; a file named
-    by a path that does not exist is refused here. Names are left to the loader. The text unchanged."""
-    for item in filter(None, (s.strip() for s in text.split(","))):
-        if item.startswith("hf:") or Path(item).expanduser().exists():
-            continue
-        if _looks_like_path(item) or "/" in item or item.endswith((".jsonl", ".json")):
-            raise argparse.ArgumentTypeError(f"no such prompt file: {item!r}")
+def prompt_set(text: str) -> str:
+    """One prompt set (``data regenerate --prompts``): a built-in name, ``hf:NAME[:SPLIT]`` or a
+    JSONL file; a file named by a path that does not exist is refused here. Names are left to
+    the loader. The text unchanged."""
+    if text.startswith("hf:") or Path(text).expanduser().exists():
+        return text
+    if _looks_like_path(text) or "/" in text or text.endswith((".jsonl", ".json")):
+        raise argparse.ArgumentTypeError(f"no such prompt file: {text!r}")
     return text
+
+
+def prompt_sets(text: str) -> str:
+    """``--bench`` / ``--prompts``: comma-separated sets, each as :func:`prompt_set` checks it.
+    The text unchanged."""
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        prompt_set(item)
+    return text
+
+
+def training_data(text: str) -> str:
+    """``--data``: a JSONL file of conversations, or ``tiny-corpus``. A file that does not exist
+    (or a folder) is refused here, before anything loads. The text unchanged."""
+    path = Path(text)
+    if text == TINY_CORPUS or path.is_file():
+        return text
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a JSONL file")
+    raise argparse.ArgumentTypeError(f"no such data file: {text!r} (a JSONL file, or {TINY_CORPUS!r})")
 
 
 def drafter_specs(text: str) -> str:

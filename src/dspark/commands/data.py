@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from dspark.commands.argtypes import count, size_bytes
+from dspark.commands.argtypes import count, prompt_set, size_bytes
 from dspark.commands.argtypes import non_negative_float as _non_negative_float
 from dspark.commands.argtypes import positive_int as _positive_int
 from dspark.commands.loading import load_target, set_threads
@@ -130,6 +130,7 @@ def add_regenerate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--prompts",
         action="append",
+        type=prompt_set,
         required=True,
         metavar="SPEC",
         help="prompt set, repeatable: JSONL file, built-in set or hf:NAME[:SPLIT] (as `dspark data prompts`)",

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dspark.commands.argtypes import TINY_CORPUS
 from dspark.data.records import read_jsonl
 from dspark.drafters.registry import TRAINABLE
 from dspark.errors import DsparkError
@@ -17,8 +18,6 @@ from dspark.tiny.corpus import training_records as corpus_records
 
 if TYPE_CHECKING:
     from dspark.targets import TargetAdapter
-
-TINY_CORPUS = "tiny-corpus"
 
 
 def set_threads(threads: int | None) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dspark.commands.argtypes import int_list
+from dspark.commands.argtypes import TINY_CORPUS, int_list, training_data
 from dspark.commands.eval import (
     add_decoding_args,
     add_target_args,
@@ -19,7 +19,7 @@ from dspark.commands.eval import (
     load_eval_target,
     setup_threads,
 )
-from dspark.commands.loading import TINY_CORPUS, training_records
+from dspark.commands.loading import training_records
 from dspark.commands.options import add_force
 from dspark.errors import DsparkError
 from dspark.output_folders import claim_outputs
@@ -29,6 +29,7 @@ def _add_sweep_common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--data",
         nargs="+",
+        type=training_data,
         default=[TINY_CORPUS],
         help=f"training data: JSONL conversation files, or '{TINY_CORPUS}' (the tiny target's corpus)",
     )

@@ -48,6 +48,32 @@ CASES = [
         "--drafter",
         "no such drafter folder",
     ),  # fmt: skip
+    (
+        ["data", "regenerate", "--prompts", "/missing.jsonl", "--out", "{tmp}/a.jsonl"],
+        "--prompts",
+        "no such prompt file",
+    ),
+    (
+        ["data", "regenerate", "--prompts", "math", "--prompts", "answers.jsonl", "--out", "{tmp}/a.jsonl"],
+        "--prompts",
+        "no such prompt file: 'answers.jsonl'",
+    ),  # fmt: skip
+    (
+        ["train", "--drafter", "dspark", "--data", "/missing.jsonl", "--out", "{tmp}/t"],
+        "--data",
+        "no such data file",
+    ),
+    (
+        ["train", "--drafter", "dspark", "--data", "tiny-corpus", "/missing.jsonl", "--out", "{tmp}/t"],
+        "--data",
+        "no such data file: '/missing.jsonl'",
+    ),  # fmt: skip
+    (
+        ["train", "--drafter", "dspark", "--data", "{tmp}", "--out", "{tmp}/t"],
+        "--data",
+        "a folder, not a JSONL file",
+    ),
+    (["sweep", "depth", "--data", "/missing.jsonl", "--out", "{tmp}/s"], "--data", "no such data file"),
 ]
 
 
@@ -91,6 +117,25 @@ def test_prompt_set_names_pass_and_missing_files_do_not(tmp_path):
         assert argtypes.prompt_sets(text) == text  # names and hf: sets are left to the loader
     with pytest.raises(argparse.ArgumentTypeError, match="no such prompt file"):
         argtypes.prompt_sets(f"math,{tmp_path / 'q.jsonl'}")
+
+
+def test_one_prompt_set_is_a_name_an_hf_set_or_an_existing_file(tmp_path):
+    (tmp_path / "p.jsonl").write_text("{}")
+    for text in ("math", "gsm8k", "hf:openai/gsm8k:test", str(tmp_path / "p.jsonl")):
+        assert argtypes.prompt_set(text) == text  # names and hf: sets are left to the loader
+    for text in (str(tmp_path / "q.jsonl"), "q.jsonl", "runs/answers"):
+        with pytest.raises(argparse.ArgumentTypeError, match="no such prompt file"):
+            argtypes.prompt_set(text)
+
+
+def test_training_data_is_the_tiny_corpus_or_an_existing_file(tmp_path):
+    (tmp_path / "a.jsonl").write_text("{}")
+    for text in ("tiny-corpus", str(tmp_path / "a.jsonl")):
+        assert argtypes.training_data(text) == text
+    with pytest.raises(argparse.ArgumentTypeError, match="no such data file"):
+        argtypes.training_data("tiny-corpuss")  # a typo of the name is a missing file too
+    with pytest.raises(argparse.ArgumentTypeError, match="a folder, not a JSONL file"):
+        argtypes.training_data(str(tmp_path))
 
 
 def test_what_exists_or_names_a_hub_model_passes(tmp_path):
