@@ -98,6 +98,7 @@ class Engine:
                 choose_proposer=config.choose_proposer,
                 draft_costs=dict(config.draft_costs) if config.draft_costs is not None else None,
                 clock=pricing_clock(target.device),
+                waiting=lambda: len(self._queue),
             )
         self._drafts = DraftStage(
             drafter=drafter,

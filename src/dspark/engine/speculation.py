@@ -34,7 +34,8 @@ CATCH_UP_ROUNDS = 8
 
 class Speculation:
     """Per-round proposer choice for an engine. ``draft_costs`` fixes the drafting seconds per
-    request instead of measuring them, and steps are priced by ``sps`` alone: a timing for tests."""
+    request instead of measuring them, and steps are priced by ``sps`` alone: a timing for tests.
+    ``waiting`` counts the requests waiting for a KV slot (none: the batch drains)."""
 
     def __init__(
         self,
@@ -47,6 +48,7 @@ class Speculation:
         config: ControllerConfig | None = None,
         draft_costs: Mapping[str, float] | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        waiting: Callable[[], int] = lambda: 0,
     ) -> None:
         self.proposers: dict[str, Drafter] = {}
         if drafter_traits(drafter).deterministic:
@@ -57,7 +59,7 @@ class Speculation:
                 self.proposers[NGRAM] = NgramDrafter(vocab_size, NgramConfig(block_size=max(block_size, 1)))
         self.traits = {name: drafter_traits(p) for name, p in self.proposers.items()}
         self.controller = Controller({n: t.deterministic for n, t in self.traits.items()}, config)
-        self.vocab_size, self.block_size, self.clock = vocab_size, block_size, clock
+        self.vocab_size, self.block_size, self.clock, self.waiting = vocab_size, block_size, clock, waiting
         self.fixed_costs = dict(draft_costs) if draft_costs is not None else None
         self.steps = StepCosts(sps)
         self.calls = {name: DraftCosts() for name, t in self.traits.items() if not t.deterministic}
@@ -113,13 +115,15 @@ class Speculation:
         if self.fixed_costs is not None:
             return RoundCosts(rho=rho, verify_s=verify_s, draft_s=self.fixed_costs)
         a, c, b = self.steps.model(num_requests, K)
+        drains = num_requests > 1 and a + c * num_requests > 0 and not self.waiting()
+        fixed_share = a / (a + c * num_requests) if drains else 0.0
         draft_s, call_s = {}, {}  # a deterministic proposer's: none (it proposed for everyone anyway)
         for name, calls in self.calls.items():
             rows = self.traits[name].rows_per_request(K)
             call_s[name], draft_s[name] = calls.split((a, c + b * (rows - 1)))
             if self.traits[name].lazy:
                 draft_s[name] += self.update_s
-        return RoundCosts(rho=rho, verify_s=verify_s, draft_s=draft_s, call_s=call_s)
+        return RoundCosts(rho=rho, verify_s=verify_s, draft_s=draft_s, call_s=call_s, fixed_share=fixed_share)
 
     def _catch_up_charge(self, req, name: str, line: tuple[float, float]) -> float:
         """Seconds of ``req``'s catch-up (``line``: per call, per token) charged to this round: its

@@ -37,13 +37,6 @@ class AcceptanceCounts:
             self.later_tested = w * self.later_tested + later_tested
             self.later_accepted = w * self.later_accepted + max(0, accepted - 1)
 
-    def age(self, factor: float) -> None:
-        """Discount the evidence: the rates stay, their weight shrinks."""
-        self.first_tested *= factor
-        self.first_accepted *= factor
-        self.later_tested *= factor
-        self.later_accepted *= factor
-
     def rates(self, prior: tuple[float, float], strength: float) -> tuple[float, float]:
         """``(e, q)``, shrunk to ``prior`` with ``strength`` pseudo-rounds behind it (the prior
         itself where there is neither evidence nor strength)."""

@@ -5,9 +5,9 @@ drafts each proposer can offer it) and the round's :class:`RoundCosts`, and retu
 :class:`Spec` per request (a proposer or none, a cap, whether it is a probe);
 :meth:`Controller.observe` takes what a round verified and accepted. Its state is plain
 numbers keyed by request; its math is ``scheduler/acceptance.py``. A request drafts with
-the proposer of the best positive net gain ``G = E(ℓ) − ρ·(d + v(ℓ))``, within five rules
+the proposer of the best positive net gain ``G = w·E(ℓ) − ρ·(d + v(ℓ))``, within five rules
 that DESIGN §9.0 defines and the methods below cite: shared calls (1), probes (2), shadows
-(3, the engine's part), exploring lengths (4) and first tries (5).
+(3, the engine's part), exploring lengths (4) and first tries (5); ``w`` is the drain value.
 
 Lossless: every choice reads the history only, never a draft it admits.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dspark.scheduler.acceptance import AcceptanceCounts, best_length, probe_cost, wilson_upper
 
@@ -29,8 +29,7 @@ class ControllerConfig:
     pool_strength: float = 4.0  # pseudo-rounds behind the pooled rates in a request's own
     memory: float = 0.9  # a request's weight of the past per round: texts change character
     pool_memory: float = 0.99  # the pool's, per observed round
-    pool_aging: float = 0.95  # the pool's evidence per round in which nobody observed it
-    explore: float = 1.0  # standard errors of the upper bounds (rules 1 and 4; 0: the means)
+    explore: float = 1.0  # standard errors of q's upper bound (rule 4; 0: the mean)
     probe_every: int = 8  # rounds without drafting before the first probe
     probe_max: int = 64  # the probe interval doubles up to this
     probe_length: int = 2  # drafts a probe verifies
@@ -38,7 +37,7 @@ class ControllerConfig:
 
     def __post_init__(self) -> None:
         rates = 0 <= self.prior_first <= 1 and 0 <= self.prior_later <= 1
-        decays = 0 <= self.memory < 1 and 0 <= self.pool_memory < 1 and 0 < self.pool_aging <= 1
+        decays = 0 <= self.memory < 1 and 0 <= self.pool_memory < 1
         positive = self.prior_strength >= 0 and self.pool_strength >= 0 and self.explore >= 0
         probes = 1 <= self.probe_every <= self.probe_max and self.probe_length >= 1 and self.probe_budget > 0
         if not (rates and decays and positive and probes):
@@ -68,6 +67,10 @@ class RoundCosts:
     verify_s: tuple[float, ...]  # v(ℓ), ℓ = 0..K: what verifying ℓ drafts of one request adds
     draft_s: Mapping[str, float]  # per proposer, per drafting request
     call_s: Mapping[str, float] = field(default_factory=dict)  # per proposer, per call (shared)
+    # The share of a plain step's seconds an accepted draft saves only when every request gains
+    # together: a/(a + c·R) while the batch drains (nobody waits for a slot), else 0.
+    fixed_share: float = 0.0
+    value: float = 1.0  # w: an accepted draft's worth in tokens of plain decoding (the drain value)
 
 
 @dataclass(frozen=True)
@@ -98,8 +101,7 @@ class Controller:
         self.deterministic = dict(proposers)
         self.pool: dict[str, AcceptanceCounts] = {}
         self.requests: dict[int, _Request] = {}
-        self._fresh: set[str] = set()  # proposers observed since the last plan
-        self._pooled: dict[str, tuple] = {}  # the pool's rates and bounds, while a plan runs
+        self._pooled: dict[str, tuple[float, float]] = {}  # the pool's rates, while a plan runs
 
     # -- rates --------------------------------------------------------------------------
 
@@ -107,28 +109,24 @@ class Controller:
         c = self.config
         return (c.prior_first, c.prior_later), c.prior_strength * c.memory ** (counts.rounds if counts else 0)
 
-    def rates(self, key: int, proposer: str, bound: bool = False) -> tuple[float, float, float]:
+    def rates(self, key: int, proposer: str) -> tuple[float, float, float]:
         """``(e, q, later trials)`` of a request with a proposer: its own counts shrunk to the
-        pool's rates (their upper bound with ``bound``), or to the config's guess before any."""
+        pool's rates, or to the config's guess before any."""
         counts = self._state(key).counts.get(proposer) or AcceptanceCounts()
         pooled = self._pooled.get(proposer) or self._pool_rates(proposer)
         if pooled is None:
             prior, strength = self._prior(counts)
         else:
-            prior, strength = pooled[bound], self.config.pool_strength
+            prior, strength = pooled, self.config.pool_strength
         e, q = counts.rates(prior, strength)
         return e, q, counts.later_tested + strength
 
-    def _pool_rates(self, proposer: str) -> tuple[tuple[float, float], tuple[float, float]] | None:
-        """The pool's ``(e, q)`` and their upper bounds (None before any outcome), kept for the plan."""
+    def _pool_rates(self, proposer: str) -> tuple[float, float] | None:
+        """The pool's ``(e, q)`` (None before any outcome), kept for the plan."""
         pool = self.pool.get(proposer)
         if pool is None:
             return None
-        prior, s = self._prior(pool)
-        e, q = pool.rates(prior, s)
-        z = self.config.explore
-        upper = (wilson_upper(e, pool.first_tested + s, z), wilson_upper(q, pool.later_tested + s, z))
-        self._pooled[proposer] = ((e, q), upper)
+        self._pooled[proposer] = pool.rates(*self._prior(pool))
         return self._pooled[proposer]
 
     def _state(self, key: int) -> _Request:
@@ -141,16 +139,13 @@ class Controller:
 
     def plan(self, offers: Sequence[Offer], costs: RoundCosts) -> list[Spec]:
         """Every request's :class:`Spec` this round, in the order of ``offers``."""
-        for name, pool in self.pool.items():
-            if name not in self._fresh:
-                pool.age(self.config.pool_aging)
-        self._fresh.clear()
         self._pooled.clear()
         gains = [self._gains(o, costs) for o in offers]  # [R] {proposer: (G, ℓ)}
+        if costs.fixed_share > 0 and len(offers) > 1:
+            costs = drained(costs, sum(any(g > 0 for g, _ in own.values()) for own in gains) / len(offers))
+            gains = [self._gains(o, costs) for o in offers]
         blocked = {
-            p
-            for p, call_s in costs.call_s.items()
-            if call_s > 0 and not self._call_pays(p, offers, gains, costs)
+            p for p, call_s in costs.call_s.items() if call_s > 0 and not self._call_pays(p, gains, costs)
         }
         specs, tried = [], set()
         for offer, own in zip(offers, gains):
@@ -171,20 +166,15 @@ class Controller:
         for p, cap in offer.caps.items():
             if cap >= 1:
                 e, q, _ = self.rates(offer.key, p)
-                draft_s = offer.draft_s(p, costs)
-                out[p] = best_length(e, q, cap, verify_s=costs.verify_s, rho=costs.rho, draft_s=draft_s)
+                out[p] = _best(e, q, cap, costs, offer.draft_s(p, costs))
         return out
 
-    def _call_pays(self, p: str, offers: Sequence[Offer], gains: list[dict], costs: RoundCosts) -> bool:
-        """Rule 1: do the requests that would draft with ``p`` repay its per-call seconds, their
-        gains priced at the pool's upper bound?"""
+    @staticmethod
+    def _call_pays(p: str, gains: list[dict], costs: RoundCosts) -> bool:
+        """Rule 1: do the requests that would draft with ``p`` repay its per-call seconds?"""
         total = 0.0
-        for offer, own in zip(offers, gains):
-            if p not in own:
-                continue
-            e, q, _ = self.rates(offer.key, p, bound=True)
-            draft_s = offer.draft_s(p, costs)
-            g = best_length(e, q, offer.caps[p], verify_s=costs.verify_s, rho=costs.rho, draft_s=draft_s)[0]
+        for own in gains:
+            g = own.get(p, (-math.inf, 0))[0]
             if g > 0 and g >= max((v for n, (v, _) in own.items() if n != p), default=-math.inf):
                 total += g
         return total > costs.rho * costs.call_s[p]
@@ -225,7 +215,7 @@ class Controller:
         e, q, _ = self.rates(offer.key, p)
         draft_s = offer.draft_s(p, costs) + costs.call_s.get(p, 0.0)
         length = min(offer.caps[p], self.config.probe_length)
-        cost = probe_cost(e, q, length, verify_s=costs.verify_s, rho=costs.rho, draft_s=draft_s)
+        cost = probe_cost(costs.value * e, q, length, verify_s=costs.verify_s, rho=costs.rho, draft_s=draft_s)
         return max(self._state(offer.key).interval, cost / self.config.probe_budget)
 
     def _draft(self, key: int, p: str, ell: int, cap: int, costs: RoundCosts) -> Spec:
@@ -234,7 +224,7 @@ class Controller:
         state.skipped, state.interval = 0, self.config.probe_every
         e, q, trials = self.rates(key, p)
         q_up = wilson_upper(q, trials, self.config.explore)
-        explored = best_length(e, q_up, cap, verify_s=costs.verify_s, rho=costs.rho)[1]
+        explored = _best(e, q_up, cap, costs)[1]
         return Spec(p, max(ell, explored))
 
     # -- observe ------------------------------------------------------------------------
@@ -248,9 +238,24 @@ class Controller:
         self.pool.setdefault(proposer, AcceptanceCounts()).observe(
             verified, accepted, self.config.pool_memory
         )
-        self._fresh.add(proposer)
         self._pooled.pop(proposer, None)
 
     def forget(self, key: int) -> None:
         """A request finished."""
         self.requests.pop(key, None)
+
+
+def _best(e: float, q: float, cap: int, costs: RoundCosts, draft_s: float = 0.0) -> tuple[float, int]:
+    """:func:`best_length` at this round's costs, an accepted draft worth ``costs.value``."""
+    return best_length(costs.value * e, q, cap, verify_s=costs.verify_s, rho=costs.rho, draft_s=draft_s)
+
+
+def drained(costs: RoundCosts, share: float) -> RoundCosts:
+    """The round's costs while the batch drains, a ``share`` of its requests drafting: the batch
+    takes as long as its last request, so a draft one request accepts saves its own part of a
+    plain step, and the fixed part only when every request gains together:
+
+        w = 1 − fixed_share·(1 − share)
+
+    (1 when everybody drafts, ``c·R/(a + c·R)`` when one request alone would)."""
+    return replace(costs, value=1.0 - costs.fixed_share * (1.0 - min(max(share, 0.0), 1.0)))

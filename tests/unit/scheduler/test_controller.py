@@ -23,12 +23,13 @@ K = 7
 VERIFY = tuple(0.1 * ell for ell in range(K + 1))
 
 
-def costs(model_s: float, *, call_s: float = 0.0, R: int = 1) -> RoundCosts:
+def costs(model_s: float, *, call_s: float = 0.0, R: int = 1, drains: bool = False) -> RoundCosts:
     return RoundCosts(
         rho=R / (1 + 0.5 * R),
         verify_s=VERIFY,
         draft_s={"model": model_s, "ngram": 0.0},
         call_s={"model": call_s},
+        fixed_share=1 / (1 + 0.5 * R) if drains else 0.0,  # a / (a + c·R)
     )
 
 
@@ -38,8 +39,6 @@ def test_counts_test_later_drafts_only_after_accepted_ones():
     c.observe(7, 0, memory=1.0)  # first rejected: nothing later tested
     assert (c.first_tested, c.first_accepted, c.later_tested, c.later_accepted) == (2, 1, 3, 2)
     assert c.rates((0.5, 0.5), strength=0.0) == (0.5, pytest.approx(2 / 3))
-    c.age(0.5)
-    assert c.rates((0.5, 0.5), strength=0.0) == (0.5, pytest.approx(2 / 3))  # aging keeps the rates
     assert AcceptanceCounts().rates((0.3, 0.6), strength=0.0) == (
         0.3,
         0.6,
@@ -153,3 +152,28 @@ def test_a_deterministic_proposer_is_never_probed_and_an_untried_one_is_tried_on
     lookup_only = Controller({"ngram": True}, ControllerConfig(probe_every=1, probe_budget=10.0))
     for _ in range(20):
         assert lookup_only.plan([Offer(0, {"ngram": 0})], costs(0.0))[0].proposer is None
+
+
+def test_a_draining_batch_values_a_lone_requests_drafts_at_its_own_row_only():
+    """With nobody waiting for a slot the batch lasts as long as its last request: drafts one
+    request accepts save its row of each step, the fixed part only if every request gains too."""
+    ctrl = Controller({"model": False})
+    for key in range(4):  # requests 0 and 1 accept 40 % of their first drafts, 2 and 3 none
+        for accepted in (1, 0, 1, 0, 0) if key < 2 else (0,) * 5:
+            ctrl.observe(key, "model", 1, accepted)
+    e, q, _ = ctrl.rates(0, "model")
+    rho, w = 4 / 3, 1 - (1 / 3) * (1 - 2 / 4)  # R = 4; half the batch would draft: w = 5/6
+
+    def gain(value: float) -> float:  # max over ℓ of value·E(ℓ) − ρ·v(ℓ)
+        return best_length(value * e, q, K, verify_s=VERIFY, rho=rho)[0]
+
+    model_s = (gain(1.0) + gain(w)) / 2 / rho  # drafting pays at 1/ρ, not at w/ρ
+    offers = [Offer(key, {"model": K}) for key in range(4)]
+    full = ctrl.plan(offers, costs(model_s, R=4))  # slots are the bottleneck: a draft is worth 1/ρ
+    assert [s.proposer for s in full] == ["model", "model", None, None]
+    drained = ctrl.plan(offers, costs(model_s, R=4, drains=True))
+    assert all(s.proposer is None or s.probe for s in drained)
+    for key in (2, 3):  # now every request gains: the fixed part is saved too, w = 1
+        for _ in range(5):
+            ctrl.observe(key, "model", 1, 1)
+    assert all(s.proposer == "model" for s in ctrl.plan(offers, costs(model_s, R=4, drains=True)))
