@@ -1,10 +1,13 @@
-"""The ``dspark`` command line: one table of verbs (:data:`COMMANDS`), each an ``add_*_args`` /
-``main_*`` pair named by module, so that only the verb being run is imported.
+"""The ``dspark`` command line: one table of verbs (:data:`COMMANDS`), the one place that
+names modules lazily.
 
-The pairs live in :mod:`dspark.commands`, one module per verb; every ``main_*``
-docstring is its ``--help`` text, and every option's default is shown. User mistakes
-(a bad path, a bad number, a prompt too long) end with a one-line ``dspark: error: ...``
-and exit status 2, never a traceback.
+A verb is two modules of the same name: ``commands/args/VERB.py``, its arguments and its
+``--help`` text (the docstring of ``add_*_args``), light enough to build at once, and
+``commands/VERB.py``, its ``main_*``, which imports what it runs at the top. ``dspark --help``
+imports no command module; ``dspark VERB --help`` and an argument error import VERB's
+arguments alone; ``dspark VERB ...`` imports its run module once the arguments are parsed.
+Every option's default is shown. User mistakes (a bad path, a bad number, a prompt too long)
+end with a one-line ``dspark: error: ...`` and exit status 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -28,22 +31,26 @@ Main = Callable[[argparse.Namespace], int]
 
 @dataclass(frozen=True)
 class Command:
-    """One verb: its module under :mod:`dspark.commands`, named here and imported only when
-    the verb is the one being parsed, and the one line ``dspark --help`` lists it with (the
-    first line of ``main``'s docstring, which a test pins)."""
+    """One verb: the name of its two modules, ``dspark.commands.args.<module>`` (``add_args``) and
+    ``dspark.commands.<module>`` (``main``), each imported only when needed, and the one line
+    ``dspark --help`` lists it with (the first line of ``add_args``'s docstring, which a test pins)."""
 
     module: str
     add_args: str
     main: str
     summary: str
 
-    def load(self) -> tuple[AddArgs, Main]:
-        mod = importlib.import_module(f"dspark.commands.{self.module}")
-        return getattr(mod, self.add_args), getattr(mod, self.main)
+    def arguments(self) -> AddArgs:
+        """The function that adds the verb's arguments; its docstring is the verb's ``--help``."""
+        return getattr(importlib.import_module(f"dspark.commands.args.{self.module}"), self.add_args)
+
+    def runner(self) -> Main:
+        """The verb's ``main``, whose module imports torch and the library: call it after parsing."""
+        return getattr(importlib.import_module(f"dspark.commands.{self.module}"), self.main)
 
 
-# The one table of verbs. ``dspark --help`` imports no command module; ``dspark VERB ...``
-# imports VERB's module alone.
+# The one table of verbs. ``dspark --help`` imports no command module; ``dspark VERB --help``
+# imports VERB's arguments alone; ``dspark VERB ...`` its run module after parsing.
 COMMANDS: dict[str, Command] = {
     "quickstart": Command(
         "quickstart",
@@ -253,13 +260,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         if only is not None and name != only:
             (groups[group] if group else sub).add_parser(verb, help=summary, formatter_class=HelpFormatter)
             continue
-        add_args, fn = command.load()
-        doc = (fn.__doc__ or "").strip().replace("%", "%%")
+        add_args = command.arguments()
+        doc = (add_args.__doc__ or "").strip().replace("%", "%%")
         p = (groups[group] if group else sub).add_parser(
             verb, help=summary, description=doc, formatter_class=HelpFormatter
         )
         add_args(p)
-        p.set_defaults(_fn=fn)
+        p.set_defaults(_command=command)
     return parser
 
 
@@ -277,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
 
     hf_logging.disable_progress_bar()  # no "Loading weights" bar on every command
     try:
-        return args._fn(args)
+        return args._command.runner()(args)
     except DsparkError as e:
         # User mistakes: one line, no traceback (a library bug is not caught here).
         parser.exit(2, f"dspark: error: {e}\n")

@@ -1,11 +1,12 @@
-"""The wiring layer: one module per verb of the ``dspark`` command line.
+"""The wiring layer: the verbs of the ``dspark`` command line, two modules each.
 
 These modules are the only code that may import from any package (the library packages
-import downward only; ``scripts/import_graph.py`` checks it). Each holds an
-``add_*_args(parser)`` / ``main_*(args)`` pair; shared argument sets are in
-:mod:`~dspark.commands.options`, the resolution of ``--target``, ``--drafter`` and
-``--data`` in :mod:`~dspark.commands.loading`. :data:`dspark.cli.COMMANDS` names each
-module, so ``dspark VERB`` imports VERB's alone; heavy modules (torch, transformers,
-fastapi, matplotlib) are imported inside the ``main_*`` functions only, so that building
-a verb's parser, its ``--help`` and its argument errors stay fast.
+import downward only; ``scripts/import_graph.py`` checks it). A verb's arguments and its
+``--help`` text are ``args/<module>.py``'s ``add_*_args(parser)``, which imports nothing heavy;
+its run is ``<module>.py``'s ``main_*(args)``, which imports the library, torch and the rest at
+the top. Shared argument sets are in :mod:`~dspark.commands.options`, the parse-time checks in
+:mod:`~dspark.commands.argtypes`, the resolution of ``--target``, ``--drafter`` and ``--data``
+in :mod:`~dspark.commands.loading`. :data:`dspark.cli.COMMANDS` names both modules of each
+verb, so ``dspark VERB --help`` and its argument errors import the arguments alone, and
+``dspark VERB ...`` imports the run once the arguments are parsed.
 """

@@ -4,6 +4,7 @@ one-line usage error naming the flag, never a traceback."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 
@@ -124,8 +125,6 @@ def drafter_specs(text: str) -> str:
 
 def json_object(text: str) -> dict:
     """``'{"enable_thinking": false}'`` → ``{"enable_thinking": False}`` (``--template-kwargs``)."""
-    import json
-
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:

@@ -11,28 +11,21 @@ import argparse
 import json
 import sys
 
-from dspark.commands.argtypes import positive_int
+import torch
+
+from dspark import conditions as run_conditions
+from dspark.bench.overhead import sequential_head_overhead
+from dspark.bench.round_cost import round_breakdown, untrained_dspark
 from dspark.commands.loading import load_inference_target, load_target
-from dspark.commands.options import add_block_size, add_drafter, add_dtype, add_target
+from dspark.data.chat import prompt_ids
+from dspark.data.prompts import load_prompts
 from dspark.errors import DsparkError
-
-
-def add_bench_overhead_args(p: argparse.ArgumentParser) -> None:
-    add_target(p)
-    add_dtype(p)
-    add_drafter(p, default="dspark", purpose="a drafter with a sequential (Markov/RNN) head", with_none=False)
-    p.add_argument("--batch", default="1,8", help="comma-separated request counts")
-    p.add_argument("--repeats", type=positive_int, default=20, help="timings per part (the median is kept)")
+from dspark.formats.build import build_drafter
+from dspark.targets.dtype import DTYPES
 
 
 def main_bench_overhead(args: argparse.Namespace) -> int:
-    """Cost of DSpark's sequential (Markov/RNN) sampling loop as a share of a round (goal ≤ 1.3%)."""
-    from dspark import conditions as run_conditions
-    from dspark.bench.overhead import sequential_head_overhead
-    from dspark.data.chat import prompt_ids
-    from dspark.data.prompts import load_prompts
-    from dspark.formats.build import build_drafter
-
+    """Run ``dspark bench markov-overhead`` (arguments: :mod:`~dspark.commands.args.bench_costs`)."""
     target = load_inference_target(args.target, args.dtype)
     drafter = build_drafter(args.drafter, target)
     if getattr(drafter, "markov_head", None) is None:
@@ -56,40 +49,8 @@ def main_bench_overhead(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_bench_round_args(p: argparse.ArgumentParser) -> None:
-    add_target(p)
-    p.add_argument(
-        "--dtypes",
-        default="float32,bfloat16",
-        help="comma-separated dtypes to load the target in, one after the other in this process",
-    )
-    add_drafter(p, default="dspark", purpose="a drafter with a sequential (Markov/RNN) head", with_none=False)
-    p.add_argument(
-        "--untrained",
-        action="store_true",
-        help="time an untrained DSpark drafter of the shipped one's shape (2 layers, rank 64) built "
-        "for --target (timings do not depend on the weights; for targets without a shipped drafter)",
-    )
-    p.add_argument("--bench", default="math", help="built-in prompt set of the engine decodes")
-    p.add_argument("--limit", type=positive_int, default=3, help="prompts decoded through the engine")
-    p.add_argument("--max-tokens", type=positive_int, default=48, help="tokens per engine answer")
-    add_block_size(p, help="drafts per round (γ)")
-    p.add_argument("--repeats", type=positive_int, default=15, help="timings per part (the median is kept)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
-
 def main_bench_round(args: argparse.Namespace) -> int:
-    """Where a greedy batch-1 round's time goes (bench/round_cost.py), per dtype; the sequential
-    loop before it was vectorised is timed beside today's."""
-    import torch
-
-    from dspark import conditions as run_conditions
-    from dspark.bench.round_cost import round_breakdown, untrained_dspark
-    from dspark.data.chat import prompt_ids
-    from dspark.data.prompts import load_prompts
-    from dspark.formats.build import build_drafter
-    from dspark.targets.dtype import DTYPES
-
+    """Run ``dspark bench round`` (arguments: :mod:`~dspark.commands.args.bench_costs`)."""
     names = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     unknown = [d for d in names if d not in DTYPES]
     if unknown or not names:

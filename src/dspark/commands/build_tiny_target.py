@@ -3,38 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-from pathlib import Path
 
-from dspark.commands.argtypes import positive_int
 from dspark.commands.loading import set_threads
-from dspark.commands.options import add_threads
-
-
-def add_build_tiny_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="output model folder (default: the package's embedded tiny target)",
-    )
-    p.add_argument(
-        "--prompts-out",
-        type=Path,
-        default=None,
-        help="folder for the built-in prompt sets (default: the package's)",
-    )
-    p.add_argument("--steps", type=positive_int, default=None, help="training steps (default: the preset's)")
-    add_threads(p)
+from dspark.presets.tiny import assets_dir
+from dspark.tiny.build import TinyTargetConfig, build_tiny_target
 
 
 def main_build_tiny_target(args: argparse.Namespace) -> int:
-    """Rebuild the embedded tiny target: offline corpus, BPE tokenizer, Qwen3 training (DESIGN §11)."""
-    import dataclasses
-
-    from dspark.presets.tiny import assets_dir
-    from dspark.tiny.build import TinyTargetConfig, build_tiny_target
-
+    """Run ``dspark build-tiny-target`` (arguments: :mod:`~dspark.commands.args.build_tiny_target`)."""
     set_threads(args.threads)
     cfg = TinyTargetConfig()
     if args.steps:

@@ -1,4 +1,4 @@
-"""``dspark calibrate``: arguments and the call into :func:`dspark.pipeline.calibrate.calibrate_drafter`."""
+"""``dspark calibrate``: the call into :func:`dspark.pipeline.calibrate.calibrate_drafter`."""
 
 from __future__ import annotations
 
@@ -6,63 +6,20 @@ import argparse
 import json
 from pathlib import Path
 
-from dspark.commands.argtypes import drafter_spec
 from dspark.commands.eval import (
-    add_decoding_args,
-    add_target_args,
     eval_config,
     load_benchmarks,
     load_eval_target,
     setup_threads,
 )
 from dspark.commands.loading import drafter_folder
-from dspark.commands.options import add_force
 from dspark.drafters.registry import TRAINABLE
 from dspark.errors import DsparkError
-
-
-def add_calibrate_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--drafter",
-        required=True,
-        type=drafter_spec,
-        help=f"a drafter with a confidence head: a registered trained drafter ({', '.join(TRAINABLE)}; "
-        "shipped for the tiny target, only dspark has the head) or a drafter folder",
-    )
-    add_decoding_args(p)
-    add_target_args(p)
-    p.add_argument(
-        "--skip",
-        type=int,
-        default=0,
-        help="skip the first N prompts of each benchmark (keep calibration prompts apart from `dspark "
-        "eval --limit N`)",
-    )
-    p.add_argument(
-        "--holdout-fraction",
-        type=float,
-        default=0.25,
-        help="share of the prompts kept out of the fit to report before/after metrics on (0: in-sample)",
-    )
-    p.add_argument("--bins", type=int, default=20, help="equal-width ECE bins")
-    p.add_argument(
-        "--save-to",
-        type=Path,
-        default=None,
-        help="write a calibrated copy of the drafter folder here (default: update the drafter folder itself)",
-    )
-    p.add_argument("--dry-run", action="store_true", help="fit and report, but write no temperatures")
-    p.add_argument(
-        "--out", type=Path, required=True, help="folder for calibration.json, the plot and the report"
-    )
-    add_force(
-        p, "a report in --out, or a drafter folder at --save-to, that no earlier `dspark calibrate` wrote"
-    )
+from dspark.formats.folder import read_config
+from dspark.pipeline.calibrate import calibrate_drafter
 
 
 def _drafter_folder(spec: str, target=None) -> Path:
-    from dspark.formats.folder import read_config
-
     folder = drafter_folder(spec, target)
     if not (folder / "config.json").is_file():
         raise DsparkError(f"{spec!r} is not a drafter folder; only a trained drafter can be calibrated")
@@ -73,9 +30,7 @@ def _drafter_folder(spec: str, target=None) -> Path:
 
 
 def main_calibrate(args: argparse.Namespace) -> int:
-    """Fit STS temperatures on held-out rounds, write them into the drafter, report ECE/AUC/Brier."""
-    from dspark.pipeline.calibrate import calibrate_drafter
-
+    """Run ``dspark calibrate`` (arguments: :mod:`~dspark.commands.args.calibrate`)."""
     setup_threads(args)
     if not 0.0 <= args.holdout_fraction < 1.0:
         raise DsparkError(f"--holdout-fraction must be in [0, 1), got {args.holdout_fraction}")

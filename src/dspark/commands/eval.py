@@ -1,11 +1,11 @@
-"""``dspark eval``: arguments and the glue from them to :func:`dspark.eval.runner.run_eval`.
+"""``dspark eval``: the glue from its arguments to :func:`dspark.eval.runner.run_eval`.
 
 Everything that can be refused is refused before any decoding: the target, each
 drafter (:func:`dspark.formats.build.build_drafter` validates a folder against the
 target; :func:`~dspark.formats.folder.load_drafter` catches a drafter trained for
 another target of the same shape), every benchmark file and every prompt's length.
-The decoding arguments and their checks here are shared with ``dspark calibrate`` and
-``dspark sweep``.
+The checks of the decoding arguments here (the arguments are :mod:`dspark.commands.args.eval`'s)
+are shared with ``dspark calibrate`` and ``dspark sweep``.
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ import argparse
 import dataclasses
 import logging
 import sys
-from pathlib import Path
 
-from dspark.commands.argtypes import non_negative_int, prompt_sets
 from dspark.commands.loading import (
     load_drafters,
     load_inference_target,
@@ -24,75 +22,13 @@ from dspark.commands.loading import (
     parse_drafter_specs,
     set_threads,
 )
-from dspark.commands.options import (
-    add_device,
-    add_drafters,
-    add_dtype,
-    add_force,
-    add_no_progress,
-    add_target,
-    add_template_kwargs,
-    add_threads,
-)
 from dspark.errors import DsparkError
+from dspark.eval.benchmarks import load_benchmark
+from dspark.eval.report import report_files, write_eval_report
+from dspark.eval.runner import EvalConfig, run_eval
 from dspark.output_folders import claim_outputs
 
 log = logging.getLogger(__name__)
-
-DEFAULT_BENCH = "math,code,chat"
-
-
-# -- shared arguments -------------------------------------------------------------------------
-
-
-def add_target_args(p: argparse.ArgumentParser, *, dtype: bool = True) -> None:
-    """``--target``, ``--device``, ``--dtype`` and ``--threads``: where the target runs.
-
-    ``dtype=False`` for verbs that train with the target (they keep the trainer's dtype).
-    """
-    add_target(p)
-    add_device(p)
-    if dtype:
-        add_dtype(p)
-    add_threads(p)
-
-
-def add_decoding_args(
-    p: argparse.ArgumentParser, *, bench: str = DEFAULT_BENCH, max_tokens: int = 256
-) -> None:
-    p.add_argument(
-        "--bench",
-        type=prompt_sets,
-        default=bench,
-        help="comma-separated benchmarks: built-in sets (math, code, chat) or JSONL paths "
-        "(the file name, e.g. gsm8k.jsonl, picks DeepSpec's prompt cap and the paper's domain)",
-    )
-    p.add_argument("--limit", type=int, default=None, help="prompts per benchmark (default: DeepSpec's caps)")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0 = greedy)")
-    p.add_argument("--max-tokens", type=int, default=max_tokens, help="most new tokens per answer")
-    p.add_argument(
-        "--block-size", type=int, default=None, help="drafts per round (default: each drafter's γ)"
-    )
-    p.add_argument(
-        "--seed",
-        type=non_negative_int,
-        default=0,
-        help="base seed; every method gets the same per-prompt seeds",
-    )
-    p.add_argument("--multi-turn", action="store_true", help="answer every turn, not only the first")
-    p.add_argument(
-        "--strict",
-        action="store_true",
-        help="a prompt longer than the target's context is an error (default: skipped and counted)",
-    )
-    p.add_argument(
-        "--on-bad-line",
-        choices=["stop", "skip"],
-        default="stop",
-        help="a broken benchmark line stops the run (default) or is skipped with a warning; both name it",
-    )
-    add_template_kwargs(p)
-    add_no_progress(p)
 
 
 def setup_threads(args: argparse.Namespace) -> None:
@@ -106,8 +42,6 @@ def load_eval_target(args: argparse.Namespace):
 
 
 def load_benchmarks(args: argparse.Namespace, *, skip: int = 0):
-    from dspark.eval.benchmarks import load_benchmark
-
     if args.limit is not None and args.limit < 1:
         raise DsparkError(f"--limit must be >= 1, got {args.limit}")
     benches = []
@@ -127,8 +61,6 @@ def load_benchmarks(args: argparse.Namespace, *, skip: int = 0):
 
 
 def eval_config(args: argparse.Namespace, *, baseline: bool):
-    from dspark.eval.runner import EvalConfig
-
     template_kwargs = args.template_kwargs
     if not 0 <= args.temperature < float("inf"):  # NaN too: found only when results.json is written
         raise DsparkError(f"--temperature must be a finite number >= 0, got {args.temperature}")
@@ -150,30 +82,8 @@ def eval_config(args: argparse.Namespace, *, baseline: bool):
     )
 
 
-# -- dspark eval ------------------------------------------------------------------------------
-
-
-def add_eval_args(p: argparse.ArgumentParser) -> None:
-    add_drafters(p, labels=True)
-    add_decoding_args(p)
-    add_target_args(p)
-    p.add_argument("--no-baseline", action="store_true", help="skip plain decoding (no speedup figures)")
-    p.add_argument(
-        "--no-payoff-control",
-        action="store_true",
-        help="speed columns from the pass that verifies every draft (default: a second decode of "
-        "each answer under the payoff controller, as the commands serve; the τ tables verify every "
-        "draft either way)",
-    )
-    p.add_argument("--out", type=Path, required=True, help="folder for results.json, the plots and report.md")
-    add_force(p, "a report in --out that no earlier `dspark eval` there wrote")
-
-
 def main_eval(args: argparse.Namespace) -> int:
-    """Speculative decoding of benchmarks with several drafters: τ, acceptance per position, speedup."""
-    from dspark.eval.report import report_files, write_eval_report
-    from dspark.eval.runner import run_eval
-
+    """Run ``dspark eval`` (arguments: :mod:`~dspark.commands.args.eval`)."""
     setup_threads(args)
     config = eval_config(args, baseline=not args.no_baseline)
     specs = parse_drafter_specs(args.drafters)

@@ -6,50 +6,16 @@ import argparse
 import json
 import sys
 
-from dspark.commands.argtypes import positive_int
 from dspark.commands.loading import load_inference_target
-from dspark.commands.options import (
-    add_block_size,
-    add_drafter,
-    add_dtype,
-    add_payoff,
-    add_sampling,
-    add_target,
-)
+from dspark.data.chat import chat_prompt_ids, user_messages
+from dspark.engine import Engine, EngineConfig
+from dspark.formats.build import build_drafter
+from dspark.protocols import SamplingParams
 from dspark.server.textstream import TextStream
 
 
-def add_generate_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--prompt", required=True, help="the user message; applied through the target's chat template"
-    )
-    add_target(p)
-    add_dtype(p)
-    add_drafter(p, default="ngram", purpose="ngram is prompt lookup, none plain decoding")
-    add_sampling(p)
-    p.add_argument("--max-tokens", type=positive_int, default=256, help="most tokens to generate")
-    add_block_size(p, help="most drafts verified per round (γ)")
-    add_payoff(p)
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--raw", action="store_true", help="do not apply the chat template to the prompt")
-    p.add_argument(
-        "--json",
-        action="store_true",
-        help="print one JSON object (text, num_tokens, tau, tokens_per_s, finish_reason; error when it "
-        "failed) instead of streaming",
-    )
-
-
 def main_generate(args: argparse.Namespace) -> int:
-    """Generate an answer with speculative decoding; τ and tokens/s go to stderr.
-
-    Exits 1 when the engine failed the request (``finish_reason`` "error", also with ``--json``).
-    """
-    from dspark.data.chat import chat_prompt_ids, user_messages
-    from dspark.engine import Engine, EngineConfig
-    from dspark.formats.build import build_drafter
-    from dspark.protocols import SamplingParams
-
+    """Run ``dspark generate`` (arguments: :mod:`~dspark.commands.args.generate`)."""
     params = SamplingParams(
         temperature=args.temperature,
         top_k=args.top_k,

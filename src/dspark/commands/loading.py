@@ -8,54 +8,45 @@ a folder; ``tiny-corpus`` is the tiny target's own corpus) are written once.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+
+import torch
+from transformers import AutoConfig
 
 from dspark.commands.argtypes import TINY_CORPUS
 from dspark.data.records import read_jsonl
 from dspark.drafters.registry import TRAINABLE
 from dspark.errors import DsparkError
+from dspark.formats.build import build_drafter
+from dspark.formats.shipped import shipped_drafter_dir
+from dspark.presets.tiny import TINY_TARGET_NAME, resolve_target
+from dspark.targets import TargetAdapter
+from dspark.targets.dtype import inference_dtype
 from dspark.tiny.corpus import training_records as corpus_records
-
-if TYPE_CHECKING:
-    from dspark.targets import TargetAdapter
 
 
 def set_threads(threads: int | None) -> None:
     """``--threads N`` of a subcommand: torch's intra-op thread count (None: leave it)."""
     if threads:
-        import torch
-
         torch.set_num_threads(threads)
 
 
 def is_tiny(spec: str | None) -> bool:
-    from dspark.presets.tiny import TINY_TARGET_NAME
-
     return spec in (None, "", TINY_TARGET_NAME)
 
 
 def load_target(spec: str | None, **kwargs) -> TargetAdapter:
     """The target named by ``--target`` (``None``/``tiny``: the embedded one), loaded."""
-    from dspark.presets.tiny import resolve_target
-    from dspark.targets import TargetAdapter
-
     return TargetAdapter.from_pretrained(resolve_target(spec), **kwargs)
 
 
 def load_inference_target(spec: str | None, dtype: str | None = "auto", device=None) -> TargetAdapter:
     """The target of a decoding command in the dtype of ``--dtype`` (``auto``: see ``targets/dtype.py``)."""
-    from dspark.targets.dtype import inference_dtype
-
     hidden = target_hidden_size(spec) if dtype in (None, "auto") else None
     return load_target(spec, dtype=inference_dtype(dtype, device, hidden_size=hidden), device=device)
 
 
 def target_hidden_size(spec: str | None) -> int | None:
     """The hidden size in the config of ``--target`` (None when it cannot be read before loading)."""
-    from transformers import AutoConfig
-
-    from dspark.presets.tiny import resolve_target
-
     try:
         config = AutoConfig.from_pretrained(resolve_target(spec))
     except Exception:  # noqa: BLE001 - a malformed config fails anywhere in HF; load_target reports it
@@ -90,16 +81,12 @@ def parse_drafter_specs(text: str) -> dict[str, str]:
 def load_drafters(specs: dict[str, str], target) -> dict:
     """Every drafter of ``specs`` for ``target``; ``load_drafter`` refuses one made for another
     target (fields, keys, shared weights)."""
-    from dspark.formats.build import build_drafter
-
     return {label: build_drafter(spec, target) for label, spec in specs.items()}
 
 
 def drafter_folder(spec: str, target=None) -> Path:
     """The folder of a trained drafter: a shipped method's for ``target`` (the tiny target's
     when None), or ``spec`` itself."""
-    from dspark.formats.shipped import shipped_drafter_dir
-
     return shipped_drafter_dir(spec, target) if spec in TRAINABLE else Path(spec).expanduser()
 
 

@@ -9,33 +9,16 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from dspark.commands.loading import load_inference_target
-from dspark.commands.options import add_block_size, add_dtype, add_force, add_target
+from dspark.engine.config import DEFAULT_MAX_SEQ_LEN
+from dspark.engine.profile import default_profile_path, profile_sps
 from dspark.output_folders import claim_outputs
-
-
-def add_profile_args(p: argparse.ArgumentParser) -> None:
-    add_target(p)
-    add_dtype(p)
-    p.add_argument("--max-batch", type=int, default=32, help="engine KV slots (requests at once)")
-    add_block_size(p)
-    p.add_argument("--max-seq-len", type=int, default=None, help="tokens per KV slot (default: the engine's)")
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per batch size (the fastest counts)")
-    p.add_argument("--out", type=Path, default=None, help="where to save (default: the engine's cache path)")
-    add_force(p, "an --out file that no `dspark profile` wrote")
+from dspark.targets.flat import KVStore
 
 
 def main_profile(args: argparse.Namespace) -> int:
-    """Profile SPS(B), target steps per second for a forward of B tokens, and save the table.
-
-    The thread count (``dspark --threads N profile``) is part of the profile's key: run the
-    engine with the same setting to have it load this table.
-    """
-    from dspark.engine.config import DEFAULT_MAX_SEQ_LEN
-    from dspark.engine.profile import default_profile_path, profile_sps
-    from dspark.targets.flat import KVStore
+    """Run ``dspark profile`` (arguments: :mod:`~dspark.commands.args.profile`)."""
 
     def claim(write: bool) -> None:  # a file the user names; the default cache path is dspark's own
         if args.out is not None:

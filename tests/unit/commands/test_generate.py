@@ -40,9 +40,9 @@ def _nan_drafter(monkeypatch):
     engine fails the request (finish_reason "error") instead of sampling from it."""
     import torch
 
+    from dspark.commands import generate
     from dspark.drafters.eagle3 import Eagle3Config
     from dspark.drafters.kinds import KINDS
-    from dspark.formats import build as registry
 
     def build(spec, target):
         torch.manual_seed(0)
@@ -51,7 +51,7 @@ def _nan_drafter(monkeypatch):
             drafter.embed_tokens.weight.fill_(float("nan"))
         return drafter
 
-    monkeypatch.setattr(registry, "build_drafter", build)
+    monkeypatch.setattr(generate, "build_drafter", build)
 
 
 SAMPLED = ["--drafter", "eagle3", "--no-payoff-control", "--no-proposer-choice", "--temperature", "1"]

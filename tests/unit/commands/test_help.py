@@ -96,7 +96,7 @@ def test_generate_help_lists_every_registered_name(capsys, monkeypatch):
 
 
 def test_the_light_name_lists_match_their_tables():
-    from dspark.commands.export import DTYPE_NAMES, FORMATS
+    from dspark.commands.args.export import DTYPE_NAMES, FORMATS
     from dspark.drafters.kinds import KINDS
     from dspark.formats import export
 

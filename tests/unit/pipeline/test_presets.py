@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from dspark.commands.campaign import add_campaign_args
+from dspark.commands.args.campaign import add_campaign_args
 from dspark.pipeline.presets import PRESETS, CampaignPlan, QuickstartPlan, campaign_plans, quickstart_plan
 
 
