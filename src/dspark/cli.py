@@ -6,8 +6,10 @@ A verb is two modules of the same name: ``commands/args/VERB.py``, its arguments
 ``commands/VERB.py``, its ``main_*``, which imports what it runs at the top. ``dspark --help``
 imports no command module; ``dspark VERB --help`` and an argument error import VERB's
 arguments alone; ``dspark VERB ...`` imports its run module once the arguments are parsed.
-Every option's default is shown. User mistakes (a bad path, a bad number, a prompt too long)
-end with a one-line ``dspark: error: ...`` and exit status 2, never a traceback.
+No other function body imports a dspark module (``tests/unit/test_function_imports.py`` names
+the two exceptions and why). Every option's default is shown. User mistakes (a bad path, a bad
+number, a prompt too long) end with a one-line ``dspark: error: ...`` and exit status 2, never a
+traceback.
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""``dspark bench markov-overhead|round``: their arguments and ``--help`` texts, built with nothing heavy
-imported (no torch), so that help and argument errors come at once; the run is
+"""``dspark bench markov-overhead|round``: their arguments and ``--help`` texts; the run is
 :mod:`dspark.commands.bench_costs`."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""``dspark bench serve``: its arguments and ``--help`` text, built with nothing heavy imported (no torch),
-so that help and argument errors come at once; the run is :mod:`dspark.commands.bench_serve`."""
+"""``dspark bench serve``: its arguments and ``--help`` text; the run is
+:mod:`dspark.commands.bench_serve`."""
 
 from __future__ import annotations
 

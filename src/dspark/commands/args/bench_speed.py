@@ -1,5 +1,5 @@
-"""``dspark bench decode|matrix``: their arguments and ``--help`` texts, built with nothing heavy imported
-(no torch), so that help and argument errors come at once; the run is :mod:`dspark.commands.bench_speed`."""
+"""``dspark bench decode|matrix``: their arguments and ``--help`` texts; the run is
+:mod:`dspark.commands.bench_speed`."""
 
 from __future__ import annotations
 

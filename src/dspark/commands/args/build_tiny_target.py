@@ -1,5 +1,4 @@
-"""``dspark build-tiny-target``: its arguments and ``--help`` text, built with nothing heavy imported (no
-torch), so that help and argument errors come at once; the run is
+"""``dspark build-tiny-target``: its arguments and ``--help`` text; the run is
 :mod:`dspark.commands.build_tiny_target`."""
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""``dspark data prompts|regenerate|cache|estimate``: their arguments and ``--help`` texts, built with
-nothing heavy imported (no torch), so that help and argument errors come at once; the run is
+"""``dspark data prompts|regenerate|cache|estimate``: their arguments and ``--help`` texts; the run is
 :mod:`dspark.commands.data`."""
 
 from __future__ import annotations

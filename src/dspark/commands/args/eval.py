@@ -1,5 +1,4 @@
-"""``dspark eval``: its arguments and ``--help`` text, built with nothing heavy imported (no torch), so that
-help and argument errors come at once; the run is :mod:`dspark.commands.eval`."""
+"""``dspark eval``: its arguments and ``--help`` text; the run is :mod:`dspark.commands.eval`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""``dspark export``: its arguments and ``--help`` text, built with nothing heavy imported (no torch), so
-that help and argument errors come at once; the run is :mod:`dspark.commands.export`."""
+"""``dspark export``: its arguments and ``--help`` text; the run is :mod:`dspark.commands.export`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""``dspark quickstart``: its arguments and ``--help`` text, built with nothing heavy imported (no torch),
-so that help and argument errors come at once; the run is :mod:`dspark.commands.quickstart`."""
+"""``dspark quickstart``: its arguments and ``--help`` text; the run is
+:mod:`dspark.commands.quickstart`."""
 
 from __future__ import annotations
 

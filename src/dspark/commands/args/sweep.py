@@ -1,5 +1,4 @@
-"""``dspark sweep block-size|depth``: their arguments and ``--help`` texts, built with nothing heavy
-imported (no torch), so that help and argument errors come at once; the run is
+"""``dspark sweep block-size|depth``: their arguments and ``--help`` texts; the run is
 :mod:`dspark.commands.sweep`."""
 
 from __future__ import annotations
