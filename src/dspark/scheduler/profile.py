@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from dspark.durable import write_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -84,13 +85,8 @@ class SpsTable:
         return cls((1, max_tokens), (steps_per_s, steps_per_s))
 
     def save(self, path: str | Path) -> None:
-        """Write atomically: a temp file in the same folder, then rename."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         payload = {"tokens": list(self.tokens), "steps_per_s": list(self.steps_per_s), "meta": self.meta}
-        tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(payload, indent=1))
-        tmp.replace(path)
+        write_atomic(path, json.dumps(payload, indent=1), mkdir=True)
 
     @classmethod
     def load(cls, path: str | Path) -> SpsTable:
