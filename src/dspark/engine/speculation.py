@@ -4,14 +4,13 @@ It turns requests and clocks into the controller's plain numbers and carries its
 out. A deterministic proposer (prompt lookup) proposes before the plan (its proposal bounds
 its offer) and is checked afterwards against what the request emitted (its shadow). Prices
 are the engine's own step and drafting seconds on one clock (``scheduler/costs.py``,
-:func:`~dspark.engine.profile.pricing_clock`), plus a lazy drafter's catch-up. Each proposer
+:func:`~dspark.engine.profile.pricing_clock`). Each proposer
 drafts once for the requests that chose it, and the parts merge into one block
 (:func:`merge_blocks`), every row what its proposer would have drafted alone (lossless).
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Mapping
 
@@ -21,15 +20,10 @@ from dspark.drafters.ngram import NgramConfig, NgramDrafter
 from dspark.protocols import DraftBlock, Drafter, drafter_traits
 from dspark.scheduler.acceptance import shadow_outcome
 from dspark.scheduler.controller import Controller, ControllerConfig, Offer, RoundCosts, Spec
-from dspark.scheduler.costs import DecayedFit, DraftCosts, StepCosts
+from dspark.scheduler.costs import DraftCosts, StepCosts
 from dspark.scheduler.profile import SpsTable
 
 NGRAM, MODEL = "ngram", "model"
-# A catch-up (the whole prompt on a request's first proposal, the skipped rounds later) is
-# paid once for the rounds that follow: each round that would pay it is charged its share
-# over this many of the request's next rounds (fewer near its end). Charged whole, it kept
-# requests on which drafting paid from ever drafting.
-CATCH_UP_ROUNDS = 8
 
 
 class Speculation:
@@ -59,11 +53,10 @@ class Speculation:
                 self.proposers[NGRAM] = NgramDrafter(vocab_size, NgramConfig(block_size=max(block_size, 1)))
         self.traits = {name: drafter_traits(p) for name, p in self.proposers.items()}
         self.controller = Controller({n: t.deterministic for n, t in self.traits.items()}, config)
-        self.vocab_size, self.block_size, self.clock, self.waiting = vocab_size, block_size, clock, waiting
+        self.vocab_size, self.clock, self.waiting = vocab_size, clock, waiting
         self.fixed_costs = dict(draft_costs) if draft_costs is not None else None
         self.steps = StepCosts(sps)
         self.calls = {name: DraftCosts() for name, t in self.traits.items() if not t.deterministic}
-        self.catch_ups = DecayedFit(dims=1, memory=0.98)  # (tokens absorbed, seconds)
         self.update_s = 0.0  # a lazy model's update after its own round, per request (EMA)
         self.drafting_s = 0.0  # drafter seconds inside the current step (not the step's own)
         self._proposed: dict[str, tuple[DraftBlock, dict[int, int]]] = {}  # this round's lookups
@@ -72,29 +65,24 @@ class Speculation:
 
     def plan(self, decoding: list, K: int) -> list[Spec]:
         """Every decoding request's :class:`Spec` this round."""
-        budgets = [min(K, max(r.draft_budget, 0)) for r in decoding]
         proposals = self._deterministic_proposals(decoding, K)
-        catch_up = self.catch_ups.fit() if self.catch_ups.weight and self.fixed_costs is None else None
         offers = []
-        for req, budget in zip(decoding, budgets):
-            caps, extra = {}, {}
+        for req in decoding:
+            caps, budget = {}, min(K, max(req.draft_budget, 0))
             for name, traits in self.traits.items():
                 if traits.deterministic:
                     caps[name] = min(len(proposals[name][req.id]), budget)
                 else:
                     caps[name] = budget if (req.generated or traits.after_prompt) else 0
-                    if traits.lazy and catch_up is not None:
-                        extra[name] = self._catch_up_charge(req, name, catch_up)
-            offers.append(Offer(req.id, caps, extra))
+            offers.append(Offer(req.id, caps))
         specs = self.controller.plan(offers, self._costs(len(decoding), K))
         for req, spec in zip(decoding, specs):
             req.proposer = spec.proposer
             for name, found in proposals.items():
-                proposal = found[req.id]
                 if spec.proposer == name:  # observed for real this round
                     req.shadow = None if req.shadow and req.shadow[0] == name else req.shadow
-                elif req.shadow is None and proposal:  # rule 3: observed by its shadow
-                    req.shadow = (name, len(req.generated), proposal)
+                elif req.shadow is None and found[req.id]:  # rule 3: observed by its shadow
+                    req.shadow = (name, len(req.generated), found[req.id])
         return specs
 
     def _deterministic_proposals(self, decoding: list, K: int) -> dict[str, dict[int, list[int]]]:
@@ -124,17 +112,6 @@ class Speculation:
             if self.traits[name].lazy:
                 draft_s[name] += self.update_s
         return RoundCosts(rho=rho, verify_s=verify_s, draft_s=draft_s, call_s=call_s, fixed_share=fixed_share)
-
-    def _catch_up_charge(self, req, name: str, line: tuple[float, float]) -> float:
-        """Seconds of ``req``'s catch-up (``line``: per call, per token) charged to this round: its
-        share over the next ``CATCH_UP_ROUNDS`` rounds, or over the rounds it has left (two
-        tokens a round) if fewer."""
-        pending = self.proposers[name].pending(req.state)
-        if pending == 0:
-            return 0.0
-        a, b = line
-        rounds = min(max(math.ceil(max(req.draft_budget + 1, 1) / 2), 1), CATCH_UP_ROUNDS)
-        return (a + b * pending) / rounds
 
     # -- propose ------------------------------------------------------------------------
 
@@ -175,16 +152,13 @@ class Speculation:
         return block, [r for rs, _ in parts for r in rs], caps
 
     def _catch_up(self, proposer, chosen: list) -> None:
-        """Absorb each request's pending tokens before the call, timed apart (its own price)."""
+        """Absorb each request's pending tokens before the call, so that the call's seconds
+        (the drafting-cost fit's points) hold drafting alone; the catch-up is drafting's too."""
+        started = self.clock()
         for req in chosen:
-            pending = proposer.pending(req.state)
-            if pending:
-                started = self.clock()
+            if proposer.pending(req.state):
                 proposer.catch_up([req.state], [req.params])
-                elapsed = self.clock() - started
-                self.drafting_s += elapsed
-                if self.fixed_costs is None:
-                    self.catch_ups.observe((float(pending),), elapsed)
+        self.drafting_s += self.clock() - started
 
     # -- observe ------------------------------------------------------------------------
 

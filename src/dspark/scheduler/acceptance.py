@@ -46,22 +46,6 @@ class AcceptanceCounts:
         return e, q
 
 
-def wilson_upper(p: float, n: float, z: float) -> float:
-    """The upper end of the Wilson score interval of a rate ``p`` seen over ``n`` trials:
-
-        u = (p + z²/2n + z·sqrt(p(1 − p)/n + z²/4n²)) / (1 + z²/n)
-
-    (1 without trials, ``p`` at ``z = 0``). Where evidence only grows while somebody drafts,
-    a decision priced on the mean of a few unlucky rounds is never revisited; priced on this
-    bound, it is tried and corrected, and ``u → p`` as ``n`` grows."""
-    if z <= 0:
-        return p
-    if n <= 0:
-        return 1.0
-    zz = z * z / n
-    return min(1.0, (p + zz / 2 + z * math.sqrt(max(p * (1 - p), 0.0) / n + zz / (4 * n))) / (1 + zz))
-
-
 def expected_accepted(e: float, q: float, length: int) -> float:
     """``E(ℓ) = e Σ_{k<ℓ} q^k``."""
     return sum(e * q**k for k in range(max(length, 0)))

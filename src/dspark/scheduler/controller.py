@@ -5,9 +5,9 @@ drafts each proposer can offer it) and the round's :class:`RoundCosts`, and retu
 :class:`Spec` per request (a proposer or none, a cap, whether it is a probe);
 :meth:`Controller.observe` takes what a round verified and accepted. Its state is plain
 numbers keyed by request; its math is ``scheduler/acceptance.py``. A request drafts with
-the proposer of the best positive net gain ``G = w·E(ℓ) − ρ·(d + v(ℓ))``, within five rules
-that DESIGN §9.0 defines and the methods below cite: shared calls (1), probes (2), shadows
-(3, the engine's part), exploring lengths (4) and first tries (5); ``w`` is the drain value.
+the proposer of the best positive net gain ``G = w·E(ℓ) − ρ·(d + v(ℓ))`` (``w``: the drain
+value), within three rules that DESIGN §9.0 defines and the methods below cite: shared
+calls (1), probes (2) and shadows (3, the engine's part).
 
 Lossless: every choice reads the history only, never a draft it admits.
 """
@@ -18,7 +18,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from dspark.scheduler.acceptance import AcceptanceCounts, best_length, probe_cost, wilson_upper
+from dspark.scheduler.acceptance import AcceptanceCounts, best_length, probe_cost
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,7 +29,6 @@ class ControllerConfig:
     pool_strength: float = 4.0  # pseudo-rounds behind the pooled rates in a request's own
     memory: float = 0.9  # a request's weight of the past per round: texts change character
     pool_memory: float = 0.99  # the pool's, per observed round
-    explore: float = 1.0  # standard errors of q's upper bound (rule 4; 0: the mean)
     probe_every: int = 8  # rounds without drafting before the first probe
     probe_max: int = 64  # the probe interval doubles up to this
     probe_length: int = 2  # drafts a probe verifies
@@ -38,7 +37,7 @@ class ControllerConfig:
     def __post_init__(self) -> None:
         rates = 0 <= self.prior_first <= 1 and 0 <= self.prior_later <= 1
         decays = 0 <= self.memory < 1 and 0 <= self.pool_memory < 1
-        positive = self.prior_strength >= 0 and self.pool_strength >= 0 and self.explore >= 0
+        positive = self.prior_strength >= 0 and self.pool_strength >= 0
         probes = 1 <= self.probe_every <= self.probe_max and self.probe_length >= 1 and self.probe_budget > 0
         if not (rates and decays and positive and probes):
             raise ValueError(f"bad controller config {self}")
@@ -46,17 +45,10 @@ class ControllerConfig:
 
 @dataclass(frozen=True)
 class Offer:
-    """What one request can do this round: ``caps[p]`` drafts at most from proposer ``p`` (0:
-    none), and ``extra_s[p]`` drafting seconds it adds beyond ``p``'s price per request (a
-    lazy drafter's catch-up on the tokens it has not absorbed)."""
+    """What one request can do this round: ``caps[p]`` drafts at most from proposer ``p`` (0: none)."""
 
     key: int
     caps: Mapping[str, int]
-    extra_s: Mapping[str, float] = field(default_factory=dict)
-
-    def draft_s(self, proposer: str, costs: RoundCosts) -> float:
-        """Drafting seconds this request adds with ``proposer``: its price per request, and its own extra."""
-        return costs.draft_s.get(proposer, 0.0) + self.extra_s.get(proposer, 0.0)
 
 
 @dataclass(frozen=True)
@@ -82,9 +74,6 @@ class Spec:
     probe: bool = False
 
 
-PLAIN = Spec()
-
-
 @dataclass
 class _Request:
     counts: dict[str, AcceptanceCounts] = field(default_factory=dict)
@@ -101,7 +90,6 @@ class Controller:
         self.deterministic = dict(proposers)
         self.pool: dict[str, AcceptanceCounts] = {}
         self.requests: dict[int, _Request] = {}
-        self._pooled: dict[str, tuple[float, float]] = {}  # the pool's rates, while a plan runs
 
     # -- rates --------------------------------------------------------------------------
 
@@ -109,25 +97,14 @@ class Controller:
         c = self.config
         return (c.prior_first, c.prior_later), c.prior_strength * c.memory ** (counts.rounds if counts else 0)
 
-    def rates(self, key: int, proposer: str) -> tuple[float, float, float]:
-        """``(e, q, later trials)`` of a request with a proposer: its own counts shrunk to the
-        pool's rates, or to the config's guess before any."""
+    def rates(self, key: int, proposer: str) -> tuple[float, float]:
+        """``(e, q)`` of a request with a proposer: its own counts shrunk to the pool's rates,
+        or to the config's guess before any."""
         counts = self._state(key).counts.get(proposer) or AcceptanceCounts()
-        pooled = self._pooled.get(proposer) or self._pool_rates(proposer)
-        if pooled is None:
-            prior, strength = self._prior(counts)
-        else:
-            prior, strength = pooled, self.config.pool_strength
-        e, q = counts.rates(prior, strength)
-        return e, q, counts.later_tested + strength
-
-    def _pool_rates(self, proposer: str) -> tuple[float, float] | None:
-        """The pool's ``(e, q)`` (None before any outcome), kept for the plan."""
         pool = self.pool.get(proposer)
         if pool is None:
-            return None
-        self._pooled[proposer] = pool.rates(*self._prior(pool))
-        return self._pooled[proposer]
+            return counts.rates(*self._prior(counts))
+        return counts.rates(pool.rates(*self._prior(pool)), self.config.pool_strength)
 
     def _state(self, key: int) -> _Request:
         state = self.requests.get(key)
@@ -139,7 +116,6 @@ class Controller:
 
     def plan(self, offers: Sequence[Offer], costs: RoundCosts) -> list[Spec]:
         """Every request's :class:`Spec` this round, in the order of ``offers``."""
-        self._pooled.clear()
         gains = [self._gains(o, costs) for o in offers]  # [R] {proposer: (G, ℓ)}
         if costs.fixed_share > 0 and len(offers) > 1:
             costs = drained(costs, sum(any(g > 0 for g, _ in own.values()) for own in gains) / len(offers))
@@ -147,26 +123,23 @@ class Controller:
         blocked = {
             p for p, call_s in costs.call_s.items() if call_s > 0 and not self._call_pays(p, gains, costs)
         }
-        specs, tried = [], set()
-        for offer, own in zip(offers, gains):
-            spec = self._decide(offer, own, blocked, tried, costs)
-            untried = spec.proposer is not None and spec.proposer not in self.pool
-            if untried and not self.deterministic.get(spec.proposer, False):  # rule 5
-                tried.add(spec.proposer)
-            specs.append(spec)
+        specs = [self._decide(offer, own, blocked, costs) for offer, own in zip(offers, gains)]
         for p in blocked & {s.proposer for s in specs}:  # the call runs anyway: join it where it pays
             for i, (offer, own) in enumerate(zip(offers, gains)):
                 g, ell = own.get(p, (-math.inf, 0))
                 if specs[i].proposer is None and g > 0:
-                    specs[i] = self._draft(offer.key, p, ell, offer.caps[p], costs)
+                    specs[i] = self._draft(offer.key, p, ell)
         return specs
 
     def _gains(self, offer: Offer, costs: RoundCosts) -> dict[str, tuple[float, int]]:
         out = {}
         for p, cap in offer.caps.items():
             if cap >= 1:
-                e, q, _ = self.rates(offer.key, p)
-                out[p] = _best(e, q, cap, costs, offer.draft_s(p, costs))
+                e, q = self.rates(offer.key, p)
+                d = costs.draft_s.get(p, 0.0)
+                out[p] = best_length(
+                    costs.value * e, q, cap, verify_s=costs.verify_s, rho=costs.rho, draft_s=d
+                )
         return out
 
     @staticmethod
@@ -184,20 +157,18 @@ class Controller:
         offer: Offer,
         own: dict[str, tuple[float, int]],
         blocked: set[str],
-        tried: set[str],
         costs: RoundCosts,
     ) -> Spec:
         state = self._state(offer.key)
-        usable = {p: g for p, g in own.items() if p not in blocked and p not in tried}
+        usable = {p: g for p, g in own.items() if p not in blocked}
         best = max(usable, key=lambda p: usable[p][0], default=None)
         if best is not None and usable[best][0] > 0 and not self.deterministic.get(best, False):
-            return self._draft(offer.key, best, usable[best][1], offer.caps[best], costs)
+            return self._draft(offer.key, best, usable[best][1])
         state.skipped += 1  # rule 2: nothing probeable drafts this round
         due = [
             p
             for p in own
             if not self.deterministic.get(p, False)
-            and p not in tried
             and state.skipped >= state.interval  # the clock first: the cost below is the dearer check
             and state.skipped >= self._probe_wait(offer, p, costs)
         ]
@@ -207,25 +178,22 @@ class Controller:
             return Spec(p, min(offer.caps[p], self.config.probe_length), probe=True)
         if best is not None and usable[best][0] > 0:  # a deterministic proposer pays
             return Spec(best, usable[best][1])
-        return PLAIN
+        return Spec()  # plain decoding
 
     def _probe_wait(self, offer: Offer, p: str, costs: RoundCosts) -> float:
         """Rounds without drafting before a probe of ``p`` is due: the probe clock, and its cost
         spread over them at ``probe_budget`` of plain decoding's tokens."""
-        e, q, _ = self.rates(offer.key, p)
-        draft_s = offer.draft_s(p, costs) + costs.call_s.get(p, 0.0)
+        e, q = self.rates(offer.key, p)
+        draft_s = costs.draft_s.get(p, 0.0) + costs.call_s.get(p, 0.0)
         length = min(offer.caps[p], self.config.probe_length)
         cost = probe_cost(costs.value * e, q, length, verify_s=costs.verify_s, rho=costs.rho, draft_s=draft_s)
         return max(self._state(offer.key).interval, cost / self.config.probe_budget)
 
-    def _draft(self, key: int, p: str, ell: int, cap: int, costs: RoundCosts) -> Spec:
-        """A drafting round, verifying as far as the upper bound of ``q`` pays (rule 4)."""
+    def _draft(self, key: int, p: str, ell: int) -> Spec:
+        """A drafting round verifying ``ℓ`` drafts; the probe clock starts again."""
         state = self._state(key)
         state.skipped, state.interval = 0, self.config.probe_every
-        e, q, trials = self.rates(key, p)
-        q_up = wilson_upper(q, trials, self.config.explore)
-        explored = _best(e, q_up, cap, costs)[1]
-        return Spec(p, max(ell, explored))
+        return Spec(p, ell)
 
     # -- observe ------------------------------------------------------------------------
 
@@ -238,16 +206,10 @@ class Controller:
         self.pool.setdefault(proposer, AcceptanceCounts()).observe(
             verified, accepted, self.config.pool_memory
         )
-        self._pooled.pop(proposer, None)
 
     def forget(self, key: int) -> None:
         """A request finished."""
         self.requests.pop(key, None)
-
-
-def _best(e: float, q: float, cap: int, costs: RoundCosts, draft_s: float = 0.0) -> tuple[float, int]:
-    """:func:`best_length` at this round's costs, an accepted draft worth ``costs.value``."""
-    return best_length(costs.value * e, q, cap, verify_s=costs.verify_s, rho=costs.rho, draft_s=draft_s)
 
 
 def drained(costs: RoundCosts, share: float) -> RoundCosts:
