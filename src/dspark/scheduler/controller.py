@@ -117,8 +117,9 @@ class Controller:
     def plan(self, offers: Sequence[Offer], costs: RoundCosts) -> list[Spec]:
         """Every request's :class:`Spec` this round, in the order of ``offers``."""
         gains = [self._gains(o, costs) for o in offers]  # [R] {proposer: (G, ℓ)}
-        if costs.fixed_share > 0 and len(offers) > 1:
-            costs = drained(costs, sum(any(g > 0 for g, _ in own.values()) for own in gains) / len(offers))
+        paying = sum(any(g > 0 for g, _ in own.values()) for own in gains)  # requests whose drafts pay
+        if costs.fixed_share > 0 and len(offers) > 1 and paying < len(offers):  # all paying: w = 1
+            costs = drained(costs, paying / len(offers))
             gains = [self._gains(o, costs) for o in offers]
         blocked = {
             p for p, call_s in costs.call_s.items() if call_s > 0 and not self._call_pays(p, gains, costs)
